@@ -1,0 +1,92 @@
+"""Rules every chapter notebook follows (the anatomy in CONVENTIONS.md).
+
+The setup cell is derived from the repository URL in _config.yml, which is written nowhere else.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+BOOK = ROOT / "book"
+NOTEBOOKS = sorted(BOOK.glob("*.ipynb"))
+MAX_BYTES = 2_000_000
+
+
+def setup_cell_source() -> str:
+    url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
+    return (
+        "# Setup (the same first cell in every chapter). In Colab: install lecture_pkg from the\n"
+        "# book's repository; Colab's own torch is kept. Then seed, set up figures, pick the device.\n"
+        "import sys\n"
+        "\n"
+        'if "google.colab" in sys.modules:\n'
+        f'    %pip install -q "lecture_pkg[notebooks] @ git+{url}"\n'
+        "\n"
+        "from lecture_pkg import budget, setup_notebook\n"
+        "\n"
+        "device = setup_notebook(seed=0)"
+    )
+
+
+def toc_files() -> list[str]:
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    return [toc["root"]] + [chapter["file"] for chapter in toc.get("chapters", [])]
+
+
+def code_cells(path: Path) -> list[dict]:
+    cells = json.loads(path.read_text())["cells"]
+    return [c for c in cells if c["cell_type"] == "code"]
+
+
+def test_there_are_chapters() -> None:
+    assert NOTEBOOKS, "book/ holds no notebooks"
+
+
+def test_toc_entries_exist() -> None:
+    for entry in toc_files():
+        candidates = [ROOT / f"{entry}{ext}" for ext in (".md", ".ipynb")]
+        assert any(p.exists() for p in candidates), f"_toc.yml lists {entry}, which does not exist"
+
+
+def test_notebooks_are_one_level_deep() -> None:
+    nested = [p for p in BOOK.rglob("*.ipynb")
+              if p.parent != BOOK and "_build" not in p.parts and ".ipynb_checkpoints" not in p.parts]
+    assert not nested, f"notebooks must live directly in book/: {nested}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+class TestChapter:
+    def test_listed_in_toc(self, path: Path) -> None:
+        assert f"book/{path.stem}" in toc_files(), f"{path.name} is not listed in _toc.yml"
+
+    def test_starts_with_setup_cell(self, path: Path) -> None:
+        first = "".join(code_cells(path)[0]["source"])
+        assert first == setup_cell_source(), f"{path.name}: first code cell differs from the setup cell"
+
+    def test_executed_without_errors(self, path: Path) -> None:
+        cells = code_cells(path)
+        assert all(c.get("execution_count") for c in cells if "".join(c["source"]).strip()), \
+            f"{path.name} has unexecuted code cells: run `make execute`"
+        errors = [o for c in cells for o in c.get("outputs", []) if o["output_type"] == "error"]
+        assert not errors, f"{path.name} stores an error output: {errors[0].get('ename')}"
+
+    def test_checked_cells_have_output(self, path: Path) -> None:
+        for cell in code_cells(path):
+            if "# NBVAL_CHECK_OUTPUT" in "".join(cell["source"]):
+                assert cell.get("outputs"), f"{path.name}: a NBVAL_CHECK_OUTPUT cell has no output"
+
+    def test_size_budget(self, path: Path) -> None:
+        assert path.stat().st_size <= MAX_BYTES, f"{path.name} is {path.stat().st_size} bytes"
+
+    def test_has_exercises_with_hidden_solutions(self, path: Path) -> None:
+        cells = json.loads(path.read_text())["cells"]
+        hidden = [c for c in cells if c["cell_type"] == "code"
+                  and {"hide-cell", "hide-input"} & set(c.get("metadata", {}).get("tags", []))
+                  and re.search(r"^\s*assert ", "".join(c["source"]), re.M)]
+        assert hidden, f"{path.name}: no hidden exercise solution checked by an assert"
