@@ -1,8 +1,8 @@
 """Sphinx extension: make the book's interactive figures render with no network.
 
-Notebook outputs reference their JavaScript on CDNs: altair's charts load vega, vega-lite and
-vega-embed from jsdelivr, and myst-nb loads require.js (cdnjs) and the jupyter-widgets HTML manager
-(jsdelivr) on pages with widgets. Offline, those pages stay blank.
+Pages reference their JavaScript on CDNs: altair's charts load vega, vega-lite and vega-embed from
+jsdelivr, myst-nb loads require.js (cdnjs) and the jupyter-widgets HTML manager (jsdelivr) on pages
+with widgets, and Sphinx loads MathJax (jsdelivr). Offline, figures stay blank and math stays raw.
 
 When ``npm ci`` has filled ``node_modules/`` (see package.json), this extension copies the needed
 files into ``_build/html/_static/vendor/`` after the build and points every page at them. The
@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from sphinx.application import Sphinx
@@ -23,54 +24,84 @@ from sphinx.util import logging
 
 logger = logging.getLogger(__name__)
 
-# CDN address as notebook outputs and myst-nb write it -> the npm file that replaces it.
-# The "?noext" suffix altair appends is kept by the substitution: require.js needs it.
-VENDORED: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"https://cdn\.jsdelivr\.net/npm/vega@[0-9.]+(?=\?noext)"), "vega/build/vega.min.js"),
-    (re.compile(r"https://cdn\.jsdelivr\.net/npm/vega-lite@[0-9.]+(?=\?noext)"),
-     "vega-lite/build/vega-lite.min.js"),
-    (re.compile(r"https://cdn\.jsdelivr\.net/npm/vega-embed@[0-9.]+(?=\?noext)"),
-     "vega-embed/build/vega-embed.min.js"),
-    (re.compile(r"https://cdnjs\.cloudflare\.com/ajax/libs/require\.js/[0-9.]+/require\.min\.js"),
-     "requirejs/require.js"),
-    (re.compile(r"https://cdn\.jsdelivr\.net/npm/@jupyter-widgets/html-manager@[0-9.^]+/dist/embed-amd\.js"),
-     "@jupyter-widgets/html-manager/dist/embed-amd.js"),
+
+@dataclass(frozen=True)
+class Library:
+    """One CDN script the pages load, and the npm copy that replaces it.
+
+    cdn: the address as the pages write it (altair appends "?noext", which require.js needs and the
+        substitution keeps). file: its replacement, a path inside node_modules, served at the same
+        path under _static/vendor/. folders: folders next to ``file`` that it fetches at run time
+        (MathJax's fonts). from_page: a node_modules folder whose fonts the library requests relative
+        to the *page* (the widgets bundle has an empty webpack publicPath); copied next to each
+        page that uses it.
+    """
+
+    cdn: re.Pattern[str]
+    file: str
+    folders: tuple[str, ...] = ()
+    from_page: str | None = None
+
+
+VENDORED = [
+    Library(re.compile(r"https://cdn\.jsdelivr\.net/npm/vega@[0-9.]+(?=\?noext)"), "vega/build/vega.min.js"),
+    Library(re.compile(r"https://cdn\.jsdelivr\.net/npm/vega-lite@[0-9.]+(?=\?noext)"),
+            "vega-lite/build/vega-lite.min.js"),
+    Library(re.compile(r"https://cdn\.jsdelivr\.net/npm/vega-embed@[0-9.]+(?=\?noext)"),
+            "vega-embed/build/vega-embed.min.js"),
+    Library(re.compile(r"https://cdnjs\.cloudflare\.com/ajax/libs/require\.js/[0-9.]+/require\.min\.js"),
+            "requirejs/require.js"),
+    Library(re.compile(r"https://cdn\.jsdelivr\.net/npm/@jupyter-widgets/html-manager@[0-9.^]+/dist/embed-amd\.js"),
+            "@jupyter-widgets/html-manager/dist/embed-amd.js", from_page="@jupyter-widgets/html-manager/dist"),
+    Library(re.compile(r"https://cdn\.jsdelivr\.net/npm/mathjax@3/es5/tex-mml-chtml\.js"),
+            "mathjax/es5/tex-mml-chtml.js", folders=("output/chtml/fonts/woff-v2", "input/tex/extensions", "ui", "a11y")),
 ]
+FONTS = ("*.woff", "*.woff2", "*.ttf", "*.eot", "*.svg")
+VENDOR_TAG = re.compile(r"<script\b[^>]*_static/vendor/[^>]*>")
+INTEGRITY = re.compile(r'\s(integrity|crossorigin)="[^"]*"')
 
 
-def vendor_name(npm_path: str) -> str:
-    """File name under _static/vendor/ for a path inside node_modules."""
-    return npm_path.replace("/", "__").lstrip("@")
-
-
-def localise_page(html: str, page: Path, vendor_dir: Path) -> str:
-    """Replace every vendored CDN address in one page by a path relative to that page."""
-    for pattern, npm_path in VENDORED:
-        local = Path(os.path.relpath(vendor_dir / vendor_name(npm_path), page.parent)).as_posix()
-        html = pattern.sub(local, html)
-    return html
+def localise_page(html: str, page: Path, vendor_dir: Path) -> tuple[str, list[Library]]:
+    """Point one page's CDN addresses at the vendored copies; return it and the libraries it uses."""
+    used = []
+    for lib in VENDORED:
+        local = Path(os.path.relpath(vendor_dir / lib.file, page.parent)).as_posix()
+        html, count = lib.cdn.subn(local, html)
+        if count:
+            used.append(lib)
+    # A CDN tag's Subresource-Integrity hash names the CDN's build; the browser would refuse our copy.
+    return VENDOR_TAG.sub(lambda tag: INTEGRITY.sub("", tag.group(0)), html), used
 
 
 def vendor_javascript(app: Sphinx, exception: Exception | None) -> None:
     if exception is not None or app.builder.format != "html":
         return
     node_modules = Path(app.srcdir) / "node_modules"
-    missing = [p for _, p in VENDORED if not (node_modules / p).is_file()]
+    missing = [lib.file for lib in VENDORED if not (node_modules / lib.file).is_file()]
     if missing:
         logger.info("offline_js: node_modules lacks %s; pages keep their CDN addresses", missing)
         return
     outdir = Path(app.outdir)
     vendor_dir = outdir / "_static" / "vendor"
-    vendor_dir.mkdir(parents=True, exist_ok=True)
-    for _, npm_path in VENDORED:
-        shutil.copyfile(node_modules / npm_path, vendor_dir / vendor_name(npm_path))
+    for lib in VENDORED:
+        (vendor_dir / lib.file).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(node_modules / lib.file, vendor_dir / lib.file)
+        for folder in lib.folders:
+            shutil.copytree((node_modules / lib.file).parent / folder, (vendor_dir / lib.file).parent / folder,
+                            dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.map"))
     pages = 0
     for page in outdir.rglob("*.html"):
-        html = page.read_text(encoding="utf-8")
-        local = localise_page(html, page, vendor_dir)
-        if local != html:
-            page.write_text(local, encoding="utf-8")
-            pages += 1
+        html, used = localise_page(page.read_text(encoding="utf-8"), page, vendor_dir)
+        if not used:
+            continue
+        page.write_text(html, encoding="utf-8")
+        pages += 1
+        for lib in used:
+            if lib.from_page:
+                fonts = [f for pattern in FONTS for f in (node_modules / lib.from_page).glob(pattern)]
+                (page.parent / lib.from_page).mkdir(parents=True, exist_ok=True)
+                for font in fonts:
+                    shutil.copyfile(font, page.parent / lib.from_page / font.name)
     logger.info("offline_js: served %d libraries from _static/vendor on %d pages", len(VENDORED), pages)
 
 
