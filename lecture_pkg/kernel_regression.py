@@ -101,8 +101,9 @@ def nadaraya_watson(
         bandwidth: h > 0, a float or a scalar tensor (which may require grad).
         mask: optional (m, n) bool, True = query i may use training point j.
         on_empty: what a query with no allowed training point inside a compact kernel's support
-            gets: "nearest" puts all its weight on the nearest allowed training point (the limit
-            of the kernel as h grows until a point enters the support); "raise" raises a
+            gets: "nearest" puts all its weight on the nearest allowed training point, shared
+            equally between ties (the limit of the weights as h grows until the first point
+            enters the support); "raise" raises a
             ValueError naming the queries. A row that the mask blocks entirely gets zero weights
             and a zero prediction, as a fully masked attention row does.
 
@@ -141,9 +142,10 @@ def nadaraya_watson(
             raise ValueError(f"no training point within bandwidth {bandwidth.item():g} of queries "
                              f"{rows[:10]} for the {kernel} kernel; widen the bandwidth or use "
                              f"on_empty='nearest'")
-        nearest = sq_dist.masked_fill(~mask, math.inf).argmin(-1)
-        one_hot = nn.functional.one_hot(nearest, n).to(weights.dtype)
-        weights = torch.where(empty[:, None], one_hot, weights)
+        allowed_dist = sq_dist.masked_fill(~mask, math.inf)
+        nearest = (allowed_dist == allowed_dist.min(-1, keepdim=True).values) & mask
+        nearest = nearest.to(weights.dtype) / nearest.sum(-1, keepdim=True).clamp(min=1)  # ties share
+        weights = torch.where(empty[:, None], nearest, weights)
     return weights @ y_train, weights
 
 
