@@ -1,0 +1,628 @@
+"""Attention: scoring functions, normalisers, scaled dot-product and multi-head attention, and
+FlashAttention's exact, memory-efficient evaluation.
+
+Every attention layer in this book is
+
+    attention(Q, K, V) = normalise(score(Q, K)) V,
+
+a soft dictionary lookup: each query is scored against every key, the scores become weights
+(non-negative, summing to one per query), and the output is the weighted mean of the values.
+The module follows that sentence from top to bottom:
+
+1. scoring functions ``score(q, k) -> (..., t_q, t_k)``: dot, scaled dot, cosine, Gaussian, and
+   the learned additive (Bahdanau) and bilinear (Luong's "general") scores;
+2. normalisers: :func:`softmax` and :func:`sparsemax` (which can give exact zeros);
+3. :func:`attention` (any score, any normaliser) and :func:`scaled_dot_product_attention`
+   (the Transformer's, with torch's masks, dropout, fp16/bf16 safety and the weights);
+4. :class:`MultiHeadAttention`, interchangeable with ``torch.nn.MultiheadAttention``;
+5. :func:`local_attention` (each query sees a window of keys: O(r n d) instead of O(n^2 d)) and
+   :func:`flash_attention` (all keys, exactly, without ever storing the t_q x t_k weights).
+
+Conventions: batch first, shapes written ``q: (..., t_q, d_k)`` where ``...`` are batch dims
+(e.g. batch, heads) that q, k and v must share exactly (no silent broadcasting); boolean masks use
+True = "may attend"; blocked scores are set to ``torch.finfo(dtype).min`` and a query that may
+attend to nothing gets zero weights and a zero output. fp16/bf16 inputs are computed in float32
+and returned in their own dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Literal
+
+import torch
+from torch import Tensor, nn
+
+from lecture_pkg.masks import causal_mask
+
+__all__ = [
+    "AdditiveScore",
+    "BilinearScore",
+    "MultiHeadAttention",
+    "attention",
+    "cosine_score",
+    "dot_score",
+    "flash_attention",
+    "gaussian_score",
+    "local_attention",
+    "scaled_dot_product_attention",
+    "scaled_dot_score",
+    "softmax",
+    "sparsemax",
+]
+
+ScoreFn = Callable[[Tensor, Tensor], Tensor]
+Normaliser = Callable[[Tensor], Tensor]
+
+
+# --------------------------------------------------------------------------------------------
+# Input checks shared by every public function
+# --------------------------------------------------------------------------------------------
+
+def _check_tensor(x: object, name: str, min_dim: int = 2) -> None:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must have a floating dtype, got {x.dtype}")
+    if x.dim() < min_dim:
+        raise ValueError(f"{name} must have at least {min_dim} dims (..., length, features), "
+                         f"got shape {tuple(x.shape)}")
+
+
+def _check_same_kind(x: Tensor, name: str, ref: Tensor, ref_name: str) -> None:
+    if x.dtype != ref.dtype or x.device != ref.device:
+        raise TypeError(f"{name} is {x.dtype} on {x.device} but {ref_name} is {ref.dtype} on "
+                        f"{ref.device}; they must share dtype and device")
+    if x.shape[:-2] != ref.shape[:-2]:
+        raise ValueError(f"{name} has batch dims {tuple(x.shape[:-2])} but {ref_name} has "
+                         f"{tuple(ref.shape[:-2])} (the leading dims must match; no broadcasting)")
+
+
+def _check_qk(q: Tensor, k: Tensor, same_features: bool = True) -> None:
+    """q: (..., t_q, d_k) and k: (..., t_k, d_k) with identical batch dims ``...``."""
+    _check_tensor(q, "q")
+    _check_tensor(k, "k")
+    _check_same_kind(k, "k", q, "q")
+    if same_features and k.shape[-1] != q.shape[-1]:
+        raise ValueError(f"k has last dim {k.shape[-1]} but q has {q.shape[-1]} (d_k must match)")
+
+
+def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
+    """q: (..., t_q, d_k), k: (..., t_k, d_k), v: (..., t_k, d_v)."""
+    _check_qk(q, k)
+    _check_tensor(v, "v")
+    _check_same_kind(v, "v", q, "q")
+    if v.shape[-2] != k.shape[-2]:
+        raise ValueError(f"v has {v.shape[-2]} positions but k has {k.shape[-2]} "
+                         f"(one value per key: t_k must match)")
+
+
+def _default_scale(q: Tensor, scale: float | None) -> float:
+    if scale is None:
+        if q.shape[-1] == 0:
+            raise ValueError("q has last dim 0: the default scale 1/sqrt(d_k) needs d_k >= 1")
+        return 1.0 / math.sqrt(q.shape[-1])
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    return float(scale)
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """fp16 and bf16 are computed in float32 (sums of many small weights lose too much in 8 or
+    11 mantissa bits); float32 and float64 are computed as they are."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+# --------------------------------------------------------------------------------------------
+# 1. Scoring functions: (..., t_q, d) x (..., t_k, d) -> (..., t_q, t_k)
+# --------------------------------------------------------------------------------------------
+
+def dot_score(q: Tensor, k: Tensor) -> Tensor:
+    """q . k for every pair. q: (..., t_q, d), k: (..., t_k, d) -> (..., t_q, t_k)."""
+    _check_qk(q, k)
+    return q @ k.transpose(-2, -1)
+
+
+def scaled_dot_score(q: Tensor, k: Tensor, scale: float | None = None) -> Tensor:
+    """q . k * scale, by default scale = 1/sqrt(d) (Vaswani et al.): for independent unit-variance
+    entries q . k has variance d, and the scale brings it back to 1.
+
+    q: (..., t_q, d), k: (..., t_k, d) -> (..., t_q, t_k)."""
+    _check_qk(q, k)
+    return (q * _default_scale(q, scale)) @ k.transpose(-2, -1)
+
+
+def cosine_score(q: Tensor, k: Tensor, eps: float = 1e-8) -> Tensor:
+    """Cosine similarity q . k / (|q| |k|), in [-1, 1]; a zero vector scores 0 against all.
+
+    q: (..., t_q, d), k: (..., t_k, d) -> (..., t_q, t_k)."""
+    _check_qk(q, k)
+    unit_q = q / q.norm(dim=-1, keepdim=True).clamp_min(eps)
+    unit_k = k / k.norm(dim=-1, keepdim=True).clamp_min(eps)
+    return unit_q @ unit_k.transpose(-2, -1)
+
+
+def gaussian_score(q: Tensor, k: Tensor, sigma: float = 1.0) -> Tensor:
+    """-|q - k|^2 / (2 sigma^2): the log of a Gaussian kernel, so softmax of it is Nadaraya-Watson
+    regression with bandwidth sigma (the slides write sigma^2 for 2 sigma^2; same family).
+
+    q: (..., t_q, d), k: (..., t_k, d) -> (..., t_q, t_k)."""
+    _check_qk(q, k)
+    if not sigma > 0:
+        raise ValueError(f"sigma must be positive, got {sigma}")
+    # The explicit difference (not |q|^2 + |k|^2 - 2 q.k) is exact when q = k; it costs
+    # t_q * t_k * d memory, fine for the sizes it is taught with.
+    squared_distance = (q.unsqueeze(-2) - k.unsqueeze(-3)).pow(2).sum(-1)
+    return -squared_distance / (2 * sigma**2)
+
+
+class AdditiveScore(nn.Module):
+    """Bahdanau's additive score v^T tanh(W_q q + W_k k + b), a one-hidden-layer MLP on each pair.
+
+    forward(q, k): q: (..., t_q, d_q), k: (..., t_k, d_k) -> (..., t_q, t_k); d_q and d_k may
+    differ. Memory is t_q * t_k * hidden, which is why dot products replaced it at scale.
+    """
+
+    def __init__(self, d_q: int, d_k: int, hidden: int, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.d_q, self.d_k = d_q, d_k
+        self.query_proj = nn.Linear(d_q, hidden, bias=False, device=device, dtype=dtype)
+        self.key_proj = nn.Linear(d_k, hidden, bias=True, device=device, dtype=dtype)  # W_k, b
+        self.v = nn.Linear(hidden, 1, bias=False, device=device, dtype=dtype)
+
+    def forward(self, q: Tensor, k: Tensor) -> Tensor:
+        _check_qk(q, k, same_features=False)
+        if q.shape[-1] != self.d_q or k.shape[-1] != self.d_k:
+            raise ValueError(f"expected q (..., t_q, {self.d_q}) and k (..., t_k, {self.d_k}), "
+                             f"got {tuple(q.shape)} and {tuple(k.shape)}")
+        # (..., t_q, 1, hidden) + (..., 1, t_k, hidden): every query meets every key.
+        hidden = torch.tanh(self.query_proj(q).unsqueeze(-2) + self.key_proj(k).unsqueeze(-3))
+        return self.v(hidden).squeeze(-1)
+
+    def extra_repr(self) -> str:
+        return f"d_q={self.d_q}, d_k={self.d_k}, hidden={self.v.in_features}"
+
+
+class BilinearScore(nn.Module):
+    """Luong's "general" score q W k^T with a learned (d_q, d_k) matrix W; W = I gives dot_score.
+
+    forward(q, k): q: (..., t_q, d_q), k: (..., t_k, d_k) -> (..., t_q, t_k).
+    """
+
+    def __init__(self, d_q: int, d_k: int, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(d_q, d_k, device=device, dtype=dtype))
+        nn.init.xavier_uniform_(self.weight)
+
+    def forward(self, q: Tensor, k: Tensor) -> Tensor:
+        _check_qk(q, k, same_features=False)
+        d_q, d_k = self.weight.shape
+        if q.shape[-1] != d_q or k.shape[-1] != d_k:
+            raise ValueError(f"expected q (..., t_q, {d_q}) and k (..., t_k, {d_k}), "
+                             f"got {tuple(q.shape)} and {tuple(k.shape)}")
+        return (q @ self.weight) @ k.transpose(-2, -1)
+
+    def extra_repr(self) -> str:
+        return f"d_q={self.weight.shape[0]}, d_k={self.weight.shape[1]}"
+
+
+# --------------------------------------------------------------------------------------------
+# 2. Normalisers: scores -> weights that are >= 0 and sum to 1 along `dim`
+# --------------------------------------------------------------------------------------------
+
+def softmax(scores: Tensor, dim: int = -1) -> Tensor:
+    """exp(s_j) / sum_i exp(s_i), computed as exp(s_j - max s) / sum_i exp(s_i - max s): the same
+    value, but no exponent exceeds 0, so nothing overflows. Equal to ``torch.softmax``."""
+    shifted = scores - scores.amax(dim, keepdim=True)
+    exp = shifted.exp()
+    return exp / exp.sum(dim, keepdim=True)
+
+
+class _Sparsemax(torch.autograd.Function):
+    """sparsemax(z) = argmin_{p in simplex} |p - z|^2 (Martins & Astudillo, 2016), on the last dim.
+
+    Forward: sort z descending; the support is the largest k with 1 + k z_(k) > sum_{j<=k} z_(j);
+    the threshold is tau = (sum_{j<=k} z_(j) - 1) / k and p = max(z - tau, 0).
+    Backward: on the support S the Jacobian is I - 1 1^T / |S|, zero elsewhere, so
+    grad_z = [p > 0] * (g - mean_{j in S} g_j).
+    """
+
+    @staticmethod
+    def forward(ctx, z: Tensor) -> Tensor:  # type: ignore[override]
+        z_sorted = z.sort(dim=-1, descending=True).values
+        cumulative = z_sorted.cumsum(-1)
+        ranks = torch.arange(1, z.shape[-1] + 1, device=z.device, dtype=z.dtype)
+        in_support = 1 + ranks * z_sorted > cumulative
+        support_size = in_support.sum(-1, keepdim=True).clamp_min(1)  # k >= 1 for finite z
+        tau = (cumulative.gather(-1, support_size - 1) - 1) / support_size.to(z.dtype)
+        p = (z - tau).clamp_min(0)
+        ctx.save_for_backward(p)
+        return p
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:  # type: ignore[override]
+        (p,) = ctx.saved_tensors
+        support = p > 0
+        mean_on_support = (grad * support).sum(-1, keepdim=True) / support.sum(-1, keepdim=True)
+        return torch.where(support, grad - mean_on_support, torch.zeros_like(grad))
+
+
+def sparsemax(scores: Tensor, dim: int = -1) -> Tensor:
+    """The Euclidean projection of the scores onto the probability simplex (Martins & Astudillo,
+    2016): like softmax, weights are >= 0 and sum to 1, but low scores get exactly 0. Piecewise
+    linear, with the exact gradient in backward. Any shape; normalises along ``dim``."""
+    if not isinstance(scores, Tensor) or not scores.is_floating_point():
+        raise TypeError("scores must be a floating-point torch.Tensor")
+    z = scores.movedim(dim, -1)
+    p = _Sparsemax.apply(z.to(_compute_dtype(z.dtype)))
+    return p.to(scores.dtype).movedim(-1, dim)
+
+
+# --------------------------------------------------------------------------------------------
+# 3. Attention = normalise(score(q, k)) v
+# --------------------------------------------------------------------------------------------
+
+def _blocked_to_zero(weights: Tensor, allowed: Tensor | None) -> Tensor:
+    """Zero the weights of queries that may attend to nothing (else softmax would spread them
+    uniformly over blocked keys)."""
+    if allowed is None:
+        return weights
+    return weights * allowed.any(-1, keepdim=True)
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, score: ScoreFn = scaled_dot_score,
+              normalise: Normaliser = softmax, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The general form normalise(score(q, k)) v, with any scoring function and normaliser.
+
+    q: (..., t_q, d_q), k: (..., t_k, d_k), v: (..., t_k, d_v); ``score(q, k)`` must return
+    (..., t_q, t_k) (e.g. :func:`gaussian_score` or an :class:`AdditiveScore`), ``normalise``
+    maps scores to weights along the last dim (:func:`softmax`, :func:`sparsemax`).
+    mask: optional bool, broadcastable to (..., t_q, t_k), True = may attend.
+
+    Returns (out, weights): out (..., t_q, d_v), weights (..., t_q, t_k).
+    """
+    _check_qk(q, k, same_features=False)
+    _check_tensor(v, "v")
+    _check_same_kind(v, "v", k, "k")
+    if v.shape[-2] != k.shape[-2]:
+        raise ValueError(f"v has {v.shape[-2]} positions but k has {k.shape[-2]} (t_k must match)")
+    scores = score(q, k)
+    expected = (*q.shape[:-1], k.shape[-2])
+    if tuple(scores.shape) != expected:
+        raise ValueError(f"score(q, k) returned shape {tuple(scores.shape)}, expected "
+                         f"(..., t_q, t_k) = {expected}")
+    allowed = _bool_mask(mask, "mask", expected, q.device)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    weights = _blocked_to_zero(normalise(scores), allowed)
+    return weights @ v, weights
+
+
+def _bool_mask(mask: Tensor | None, name: str, scores_shape: tuple[int, ...],
+               device: torch.device) -> Tensor | None:
+    if mask is None:
+        return None
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+        raise TypeError(f"{name} must be a bool tensor (True = may attend)")
+    _check_broadcast(mask, name, scores_shape, device)
+    return mask
+
+
+def _check_broadcast(mask: Tensor, name: str, scores_shape: tuple[int, ...],
+                     device: torch.device) -> None:
+    """A mask may broadcast *to* the scores' shape but must never enlarge it."""
+    try:
+        ok = torch.broadcast_shapes(mask.shape, scores_shape) == torch.Size(scores_shape)
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{name} has shape {tuple(mask.shape)}, which does not broadcast to the "
+                         f"scores' shape (..., t_q, t_k) = {scores_shape}")
+    if mask.device != device:
+        raise ValueError(f"{name} is on {mask.device} but q is on {device}")
+
+
+def _split_mask(attn_mask: Tensor | None, is_causal: bool, q: Tensor,
+                t_k: int) -> tuple[Tensor | None, Tensor | None]:
+    """Turn SDPA's mask arguments into (additive bias or None, allowed bool mask or None).
+
+    A float mask is added to the scores; its entries <= finfo(dtype).min (including -inf) count as
+    blocked, so that a row blocked everywhere gives zeros instead of uniform weights or NaN.
+    """
+    scores_shape = (*q.shape[:-1], t_k)
+    bias, allowed = None, None
+    if attn_mask is not None:
+        if not isinstance(attn_mask, Tensor):
+            raise TypeError(f"attn_mask must be a torch.Tensor, got {type(attn_mask).__name__}")
+        _check_broadcast(attn_mask, "attn_mask", scores_shape, q.device)
+        if attn_mask.dtype == torch.bool:
+            allowed = attn_mask
+        elif attn_mask.dtype == q.dtype:
+            blocked = attn_mask <= torch.finfo(q.dtype).min
+            allowed = ~blocked
+            bias = attn_mask.masked_fill(blocked, 0)
+        else:
+            raise TypeError(f"attn_mask must be bool (True = may attend) or have q's dtype "
+                            f"{q.dtype} (added to the scores), got {attn_mask.dtype}")
+    if is_causal:
+        causal = causal_mask(q.shape[-2], t_k, device=q.device)
+        allowed = causal if allowed is None else allowed & causal
+    return bias, allowed
+
+
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    attn_mask: Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    *,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor]:
+    """softmax(q k^T * scale + mask) v, as ``torch.nn.functional.scaled_dot_product_attention``
+    computes it, plus the attention weights.
+
+    Args:
+        q: (..., t_q, d_k) queries; k: (..., t_k, d_k) keys; v: (..., t_k, d_v) values. The
+            batch dims ``...`` (e.g. batch, heads) must be identical; t_q may differ from t_k and
+            d_v from d_k.
+        attn_mask: optional, broadcastable to (..., t_q, t_k). Bool: True = may attend. Float (q's
+            dtype): added to the scores; entries <= ``torch.finfo(dtype).min`` (or -inf) block.
+        is_causal: query i may attend to keys j <= i (top-left aligned, as torch's is_causal).
+            Unlike torch, it may be combined with attn_mask (both must allow a position).
+        scale: multiplies q k^T; default 1/sqrt(d_k).
+        dropout_p: probability of zeroing each weight (the rest are scaled by 1/(1 - p)); applied
+            whenever > 0, as in torch: pass 0.0 at evaluation time.
+        generator: the random generator for dropout, on q's device; None uses torch's global
+            generator, so results are reproducible after ``torch.manual_seed``.
+
+    Returns:
+        out: (..., t_q, d_v), and weights: (..., t_q, t_k), the weights actually applied (after
+        dropout), so ``out == weights @ v``. A query that may attend to no key gets zero weights
+        and a zero output (torch's SDPA also returns zeros there). fp16/bf16 inputs are computed in
+        float32 and both results are returned in the inputs' dtype; masked scores are set to
+        ``torch.finfo(float32).min``, never -1e9 (which overflows fp16).
+    """
+    _check_qkv(q, k, v)
+    scale = _default_scale(q, scale)
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    bias, allowed = _split_mask(attn_mask, is_causal, q, k.shape[-2])
+
+    compute = _compute_dtype(q.dtype)
+    scores = (q.to(compute) * scale) @ k.to(compute).transpose(-2, -1)  # (..., t_q, t_k)
+    if bias is not None:
+        scores = scores + bias.to(compute)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, torch.finfo(compute).min)
+    # torch.softmax is :func:`softmax` (max subtracted first) fused into one pass over memory.
+    weights = _blocked_to_zero(torch.softmax(scores, dim=-1), allowed)
+    if dropout_p > 0:
+        keep = torch.rand(weights.shape, generator=generator, device=weights.device) >= dropout_p
+        weights = weights * keep / (1 - dropout_p)
+    out = weights @ v.to(compute)
+    return out.to(q.dtype), weights.to(q.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# 4. Multi-head attention
+# --------------------------------------------------------------------------------------------
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention (Vaswani et al., 2017): project, split into heads, attend in each head,
+    concatenate, project with W_O. Batch first; self-attention is ``mha(x, x, x)``,
+    cross-attention ``mha(y, x, x)``.
+
+    forward(query, key, value, attn_mask=None, key_padding_mask=None, is_causal=False):
+        query: (batch, t_q, embed_dim); key: (batch, t_k, kdim); value: (batch, t_k, vdim).
+        attn_mask: bool (True = may attend) or float (added), broadcastable to
+            (batch, num_heads, t_q, t_k), e.g. (t_q, t_k).
+        key_padding_mask: (batch, t_k) bool, True = a real token that may be attended.
+        Both follow SDPA's convention. ``torch.nn.MultiheadAttention`` uses the opposite one for
+        bool masks (True = blocked / padding): pass ``~mask`` to torch.
+        Returns (out: (batch, t_q, embed_dim), weights: (batch, num_heads, t_q, t_k)).
+
+    Dropout on the weights is applied in training mode only.
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
+                 kdim: int | None = None, vdim: int | None = None,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        if num_heads < 1 or embed_dim % num_heads:
+            raise ValueError(f"embed_dim {embed_dim} must be divisible by num_heads {num_heads}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.embed_dim, self.num_heads, self.dropout = embed_dim, num_heads, dropout
+        self.kdim, self.vdim = kdim or embed_dim, vdim or embed_dim
+        factory = {"device": device, "dtype": dtype}
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
+        self.k_proj = nn.Linear(self.kdim, embed_dim, bias=bias, **factory)
+        self.v_proj = nn.Linear(self.vdim, embed_dim, bias=bias, **factory)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
+
+    def _split_heads(self, x: Tensor) -> Tensor:
+        """(batch, t, embed_dim) -> (batch, heads, t, head_dim)."""
+        batch, t, _ = x.shape
+        return x.view(batch, t, self.num_heads, -1).transpose(1, 2)
+
+    def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
+        expected = (("query", query, self.embed_dim), ("key", key, self.kdim),
+                    ("value", value, self.vdim))
+        for name, x, features in expected:
+            _check_tensor(x, name, min_dim=3)
+            if x.dim() != 3 or x.shape[-1] != features:
+                raise ValueError(f"{name} must have shape (batch, length, {features}), "
+                                 f"got {tuple(x.shape)}")
+            if x.shape[0] != query.shape[0]:
+                raise ValueError(f"{name} has batch size {x.shape[0]} but query has {query.shape[0]}")
+        if key.shape[1] != value.shape[1]:
+            raise ValueError(f"key has {key.shape[1]} positions but value has {value.shape[1]}")
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
+                key_padding_mask: Tensor | None = None,
+                is_causal: bool = False) -> tuple[Tensor, Tensor]:
+        self._check_inputs(query, key, value)
+        batch, t_q, _ = query.shape
+        q = self._split_heads(self.q_proj(query))
+        k = self._split_heads(self.k_proj(key))
+        v = self._split_heads(self.v_proj(value))
+        mask = _with_key_padding(attn_mask, key_padding_mask, batch, key.shape[1])
+        out, weights = scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=is_causal,
+            dropout_p=self.dropout if self.training else 0.0)
+        out = out.transpose(1, 2).reshape(batch, t_q, self.embed_dim)  # concatenate the heads
+        return self.out_proj(out), weights
+
+    @classmethod
+    def from_torch(cls, module: nn.MultiheadAttention) -> "MultiHeadAttention":
+        """A copy of ``module``'s weights, giving equal outputs and per-head weights (call torch's
+        module with ``average_attn_weights=False`` and batch-first inputs to compare)."""
+        if not isinstance(module, nn.MultiheadAttention):
+            raise TypeError(f"module must be a torch.nn.MultiheadAttention, got {type(module).__name__}")
+        if module.bias_k is not None or module.add_zero_attn:
+            raise ValueError("add_bias_kv and add_zero_attn are not supported")
+        reference = module.out_proj.weight
+        copy = cls(module.embed_dim, module.num_heads, dropout=module.dropout,
+                   bias=module.in_proj_bias is not None, kdim=module.kdim, vdim=module.vdim,
+                   device=reference.device, dtype=reference.dtype)
+        if module.in_proj_weight is not None:  # q, k, v stacked in one (3 E, E) matrix
+            weights = module.in_proj_weight.chunk(3)
+        else:
+            weights = (module.q_proj_weight, module.k_proj_weight, module.v_proj_weight)
+        biases = module.in_proj_bias.chunk(3) if module.in_proj_bias is not None else (None,) * 3
+        with torch.no_grad():
+            for proj, weight, bias in zip((copy.q_proj, copy.k_proj, copy.v_proj), weights, biases):
+                proj.weight.copy_(weight)
+                if bias is not None:
+                    proj.bias.copy_(bias)
+            copy.out_proj.load_state_dict(module.out_proj.state_dict())
+        return copy
+
+    def extra_repr(self) -> str:
+        return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, kdim={self.kdim}, "
+                f"vdim={self.vdim}, dropout={self.dropout}")
+
+
+def _with_key_padding(attn_mask: Tensor | None, key_padding_mask: Tensor | None, batch: int,
+                      t_k: int) -> Tensor | None:
+    """Fold a (batch, t_k) key padding mask (True = real token) into attn_mask."""
+    if key_padding_mask is None:
+        return attn_mask
+    if not isinstance(key_padding_mask, Tensor) or key_padding_mask.dtype != torch.bool:
+        raise TypeError("key_padding_mask must be a bool tensor (True = real token, may attend)")
+    if tuple(key_padding_mask.shape) != (batch, t_k):
+        raise ValueError(f"key_padding_mask must have shape (batch, t_k) = {(batch, t_k)}, "
+                         f"got {tuple(key_padding_mask.shape)}")
+    padding = key_padding_mask[:, None, None, :]  # (batch, 1, 1, t_k): same for all heads, queries
+    if attn_mask is None or attn_mask.dtype == torch.bool:
+        return padding if attn_mask is None else attn_mask & padding
+    return torch.where(padding, attn_mask, torch.finfo(attn_mask.dtype).min)
+
+
+# --------------------------------------------------------------------------------------------
+# 5. Cheaper attention: a local window, or all keys one block at a time
+# --------------------------------------------------------------------------------------------
+
+def local_attention(q: Tensor, k: Tensor, v: Tensor, radius: int,
+                    scale: float | None = None) -> tuple[Tensor, Tensor]:
+    """Restricted self-attention: query i attends to keys i - radius .. i + radius only (the
+    window, r = 2 radius + 1 keys, is Vaswani et al.'s neighbourhood size r). Cost O(r n d)
+    time and memory instead of O(n^2 d): only each query's window of keys is gathered.
+
+    q: (..., n, d_k), k: (..., n, d_k), v: (..., n, d_v) (self-attention: one length n).
+    Returns out: (..., n, d_v) and band weights: (..., n, 2 radius + 1), where
+    ``weights[..., i, w]`` belongs to key ``i - radius + w`` (zero outside the sequence).
+    """
+    _check_qkv(q, k, v)
+    n = q.shape[-2]
+    if k.shape[-2] != n:
+        raise ValueError(f"local_attention is self-attention: q has {n} positions but k has "
+                         f"{k.shape[-2]}")
+    if isinstance(radius, bool) or not isinstance(radius, int) or radius < 0:
+        raise ValueError(f"radius must be a non-negative int, got {radius!r}")
+    scale = _default_scale(q, scale)
+    compute = _compute_dtype(q.dtype)
+    window = 2 * radius + 1
+
+    def windows(x: Tensor) -> Tensor:
+        """(..., n, d) -> (..., n, window, d): row i holds positions i - radius .. i + radius."""
+        padded = nn.functional.pad(x.to(compute), (0, 0, radius, radius))  # zero rows at both ends
+        return padded.unfold(-2, window, 1).transpose(-2, -1)
+
+    scores = ((q.to(compute) * scale).unsqueeze(-2) @ windows(k).transpose(-2, -1)).squeeze(-2)
+    position = torch.arange(n, device=q.device)[:, None] + torch.arange(window, device=q.device) - radius
+    inside = (position >= 0) & (position < n)  # (n, window): False for the zero padding
+    scores = scores.masked_fill(~inside, torch.finfo(compute).min)
+    weights = torch.softmax(scores, dim=-1)
+    out = (weights.unsqueeze(-2) @ windows(v)).squeeze(-2)
+    return out.to(q.dtype), weights.to(q.dtype)
+
+
+def flash_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
+                    scale: float | None = None, block_size: int = 256,
+                    backend: Literal["auto", "torch", "triton"] = "auto") -> Tensor:
+    """Exact softmax(q k^T * scale) v without materialising the (t_q, t_k) weights: the keys are
+    visited one block at a time and the softmax is normalised online (Milakov & Gimelshein, 2018;
+    FlashAttention, Dao et al., 2022).
+
+    For each query the loop keeps the running maximum m of its scores, the running sum
+    l = sum_j exp(s_j - m) and the unnormalised output acc = sum_j exp(s_j - m) v_j. When a block
+    raises the maximum to m', the old sums are rescaled by exp(m - m'); at the end out = acc / l.
+    Peak memory is O(t_q * block_size) instead of O(t_q * t_k).
+
+    Args:
+        q: (..., t_q, d_k), k: (..., t_k, d_k), v: (..., t_k, d_v), batch dims identical.
+        is_causal: query i attends to keys j <= i (top-left aligned, as torch's is_causal).
+        scale: default 1/sqrt(d_k).
+        block_size: keys per block in the PyTorch loop.
+        backend: "torch" is the loop below, on any device; "triton" runs the fused kernel of
+            :mod:`lecture_pkg.kernels` (CUDA, fp16/bf16, d_k = d_v in {64, 128}; on the CPU only
+            under TRITON_INTERPRET=1, for testing); "auto" picks Triton for CUDA inputs it
+            supports when Triton is importable, else the loop.
+
+    Returns:
+        out: (..., t_q, d_v) in q's dtype (fp16/bf16 accumulate in float32). Forward only: autograd
+        works through the loop but stores every block; the kernel has no backward.
+    """
+    _check_qkv(q, k, v)
+    scale = _default_scale(q, scale)
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    if backend not in ("auto", "torch", "triton"):
+        raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
+    from lecture_pkg import kernels  # the kernels package imports Triton only when asked to
+
+    if backend == "triton" or (backend == "auto" and kernels.flash_attention_applies(q, k, v)):
+        return kernels.triton_flash_attention(q, k, v, is_causal=is_causal, scale=scale)
+
+    t_q, t_k, d_v = q.shape[-2], k.shape[-2], v.shape[-1]
+    compute = _compute_dtype(q.dtype)
+    if t_k == 0:  # no keys: every query attends to nothing
+        return q.new_zeros(*q.shape[:-1], d_v)
+    q_scaled, k, v = q.to(compute) * scale, k.to(compute), v.to(compute)
+    running_max = q_scaled.new_full((*q.shape[:-1], 1), -math.inf)  # m, per query
+    running_sum = q_scaled.new_zeros(*q.shape[:-1], 1)  # l = sum_j exp(s_j - m)
+    acc = q_scaled.new_zeros(*q.shape[:-1], d_v)  # sum_j exp(s_j - m) v_j
+    for start in range(0, t_k, block_size):
+        stop = min(start + block_size, t_k)
+        # With the top-left causal mask, queries before `start` see none of these keys: skip
+        # them (this halves the work); every remaining query sees at least key `start`.
+        rows = slice(start if is_causal else 0, t_q)
+        if rows.start >= t_q:
+            break
+        scores = q_scaled[..., rows, :] @ k[..., start:stop, :].transpose(-2, -1)
+        if is_causal:  # the block's own mask is again a top-left causal triangle
+            block_mask = causal_mask(t_q - start, stop - start, device=q.device)
+            scores = scores.masked_fill(~block_mask, torch.finfo(compute).min)
+        new_max = torch.maximum(running_max[..., rows, :], scores.amax(-1, keepdim=True))
+        probs = scores.sub_(new_max).exp_()  # in place: the block's scores are not needed again
+        rescale = (running_max[..., rows, :] - new_max).exp()  # exp(-inf) = 0 on the first block
+        running_sum[..., rows, :] = running_sum[..., rows, :] * rescale + probs.sum(-1, keepdim=True)
+        acc[..., rows, :] = acc[..., rows, :] * rescale + probs @ v[..., start:stop, :]
+        running_max[..., rows, :] = new_max
+    return (acc / running_sum).to(q.dtype)

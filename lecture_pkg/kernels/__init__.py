@@ -1,0 +1,78 @@
+"""Fused GPU kernels behind :mod:`lecture_pkg.attention`, written in Triton.
+
+Nothing here imports Triton until a kernel is actually run, so a CPU install never needs it.
+A kernel runs on a CUDA device, or on the CPU under Triton's interpreter (``TRITON_INTERPRET=1``
+set before the first kernel call, see ``make triton-check``), which is how its correctness is
+tested on machines without a GPU.
+
+* :func:`flash_attention_applies` says whether ``flash_attention(backend="auto")`` will use the
+  kernel for given inputs (CUDA only); :func:`triton_flash_attention` runs it (CUDA, or the CPU
+  under the interpreter).
+* :mod:`lecture_pkg.kernels.measure` times a call and measures its peak memory (CPU or CUDA).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+
+import torch
+from torch import Tensor
+
+__all__ = ["FLASH_HEAD_DIMS", "flash_attention_applies", "triton_flash_attention", "triton_usable"]
+
+FLASH_HEAD_DIMS = (64, 128)  # the head dims the kernel is tested with
+FLASH_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_importable() -> bool:
+    try:
+        importlib.import_module("triton")
+    except ImportError:  # includes a Triton whose native parts fail to load
+        return False
+    return True
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def triton_usable(device: torch.device) -> bool:
+    """Triton is importable and can run on ``device``: CUDA, or the CPU under the interpreter."""
+    on_device = device.type == "cuda" or (device.type == "cpu" and _interpreting())
+    return on_device and _triton_importable()
+
+
+def _unsupported_reason(q: Tensor, k: Tensor, v: Tensor) -> str | None:
+    """Why the kernel cannot run on these inputs, or None if it can. Shapes as in
+    :func:`lecture_pkg.attention.flash_attention`, already validated there."""
+    if not triton_usable(q.device):
+        return (f"needs Triton and a CUDA device (or TRITON_INTERPRET=1 on the CPU); q is on "
+                f"{q.device}, Triton importable: {_triton_importable()}")
+    if q.dtype not in FLASH_DTYPES:
+        return f"needs float16 or bfloat16 inputs, got {q.dtype}"
+    if q.shape[-1] != v.shape[-1] or q.shape[-1] not in FLASH_HEAD_DIMS:
+        return (f"needs d_k = d_v in {FLASH_HEAD_DIMS}, got d_k = {q.shape[-1]}, "
+                f"d_v = {v.shape[-1]}")
+    return None
+
+
+def flash_attention_applies(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """True when ``flash_attention(backend="auto")`` runs the Triton kernel: CUDA inputs it
+    supports. (The interpreter is only used when asked for with ``backend="triton"``.)"""
+    return q.device.type == "cuda" and _unsupported_reason(q, k, v) is None
+
+
+def triton_flash_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool,
+                           scale: float) -> Tensor:
+    """Run the Triton FlashAttention forward kernel. q: (..., t_q, d), k: (..., t_k, d),
+    v: (..., t_k, d) with identical batch dims; returns (..., t_q, d). Raises ValueError when the
+    kernel does not apply (see :func:`flash_attention_applies`)."""
+    reason = _unsupported_reason(q, k, v)
+    if reason is not None:
+        raise ValueError(f"the Triton flash-attention kernel {reason}")
+    from lecture_pkg.kernels.flash_attention_triton import flash_attention_forward
+
+    return flash_attention_forward(q, k, v, is_causal=is_causal, scale=scale)

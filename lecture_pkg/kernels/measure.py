@@ -1,0 +1,81 @@
+"""Time a call and measure the peak memory it needs, on the CPU or a CUDA device.
+
+Peak memory is what an implementation allocates on top of what existed before the call:
+
+* CUDA: ``torch.cuda.max_memory_allocated`` after resetting the peak (exact, per allocation);
+* CPU (Linux): the process's resident-set high-water mark (VmHWM), reset through
+  ``/proc/self/clear_refs`` just before the call. torch has no CPU allocator statistics, and
+  Python's tracemalloc does not see torch's allocations. Large tensors are mmap'ed by the C
+  allocator and returned on free, so the high-water mark rises by what the call holds at its
+  peak; freed small blocks that the allocator keeps can hide a few MB, which is why free heap
+  memory is trimmed first. Numbers are accurate to a few MB, i.e. for tensors well above that.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable, TypeVar
+
+import torch
+
+__all__ = ["median_time", "peak_memory"]
+
+T = TypeVar("T")
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_time(fn: Callable[[], object], device: torch.device | str = "cpu", repeats: int = 5,
+                warmup: int = 1) -> float:
+    """Median wall-clock seconds of ``fn()`` over ``repeats`` runs after ``warmup`` runs (CUDA
+    work is waited for, so the time covers the computation, not just the launch)."""
+    device = torch.device(device)
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats} and {warmup}")
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        _synchronize(device)
+        start = time.perf_counter()
+        fn()
+        _synchronize(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _resident_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field} line")
+
+
+def peak_memory(fn: Callable[[], T], device: torch.device | str = "cpu") -> tuple[T, int]:
+    """Run ``fn()`` once and return (its result, the bytes it needed at its peak beyond what was
+    allocated before). CPU measurement needs Linux (/proc); CUDA uses torch's allocator stats."""
+    device = torch.device(device)
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        result = fn()
+        torch.cuda.synchronize(device)
+        return result, torch.cuda.max_memory_allocated(device) - before
+    if device.type != "cpu" or not sys.platform.startswith("linux"):
+        raise RuntimeError(f"peak_memory measures CUDA devices and Linux CPUs, not {device} on "
+                           f"{sys.platform}")
+    ctypes.CDLL("libc.so.6").malloc_trim(0)  # hand freed heap back, so reuse cannot hide growth
+    Path("/proc/self/clear_refs").write_text("5")  # reset the high-water mark to the current RSS
+    before = _resident_kib("VmRSS")
+    result = fn()
+    return result, (_resident_kib("VmHWM") - before) * 1024
