@@ -42,9 +42,11 @@ unit: install
 nbval: install
 	$(PY) -m pytest -p no:cacheprovider --nbval-lax --nbval-current-env book/
 
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
 browser-check: install
-	@command -v chromium >/dev/null || apt-get install -y --no-install-recommends chromium \
-	  || (apt-get update && apt-get install -y --no-install-recommends chromium)
+	@command -v chromium >/dev/null || $(SUDO) apt-get install -y --no-install-recommends chromium \
+	  || ($(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends chromium)
 	LECTURE_REQUIRE_BOOK=1 $(PY) -m pytest -m book tests/
 
 test: unit nbval book browser-check
