@@ -341,3 +341,21 @@ def test_bad_arguments_raise_clear_errors() -> None:
         apply_span_corruption(list(range(10)), [(3, 3)])
     with pytest.raises(ValueError, match="length must be an int >= 2"):
         span_corruption(["only"])
+
+
+@pytest.mark.gpu
+def test_masks_and_corruptions_follow_the_device() -> None:
+    cuda = torch.device("cuda")
+    lengths = torch.tensor([3, 5], device=cuda)
+    built = [causal_mask(4, device=cuda), padding_mask(lengths), sliding_window_mask(6, 1, device=cuda),
+             longformer_mask(6, 1, [0], device=cuda), prefix_lm_mask(6, 2, device=cuda),
+             bigbird_mask(8, 1, [0], 2, generator=torch.Generator(cuda).manual_seed(0), device=cuda)]
+    assert all(m.device.type == "cuda" and m.dtype == torch.bool for m in built)
+    assert torch.equal(built[-1].cpu() & longformer_mask(8, 1, [0]), longformer_mask(8, 1, [0]))
+    ids = _batch(100, (4, 32), 0).to(cuda)
+    inputs, labels = mlm_mask(ids, 100, 3, (0, 1, 2), generator=torch.Generator(cuda).manual_seed(0))
+    assert inputs.device.type == labels.device.type == "cuda"
+    selected = labels != IGNORE_INDEX
+    assert torch.equal(labels[selected], ids[selected]) and torch.equal(inputs[~selected], ids[~selected])
+    spans = random_spans(50, generator=torch.Generator(cuda).manual_seed(0))
+    assert sum(b - a for a, b in spans) == 8
