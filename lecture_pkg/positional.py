@@ -148,7 +148,8 @@ def binary_encoding(num_positions: int, num_bits: int, *, dtype: torch.dtype | N
     """The bits of each position, least significant first. Returns (num_positions, num_bits) of 0/1.
 
     Column b is bit b of p, so column 0 flips every step and column b every 2^b steps. Only
-    2^num_bits positions have distinct codes, hence the error beyond that.
+    2^num_bits positions have distinct codes, hence the error beyond that. dtype defaults to
+    torch's default float dtype (to add to embeddings); an integer dtype suits printing.
     """
     _check_int("num_positions", num_positions, 0)
     _check_int("num_bits", num_bits, 1)
@@ -158,7 +159,7 @@ def binary_encoding(num_positions: int, num_bits: int, *, dtype: torch.dtype | N
     computed = min(num_bits, 62)  # positions are int64, so every bit from 62 on is zero
     positions = torch.arange(num_positions, device=device)[:, None]
     bits = (positions >> torch.arange(computed, device=device)) & 1
-    return nn.functional.pad(bits, (0, num_bits - computed)).to(_dtype_or_default(dtype))
+    return nn.functional.pad(bits, (0, num_bits - computed)).to(torch.get_default_dtype() if dtype is None else dtype)
 
 
 def _check_embeddings(x: Tensor, d_model: int) -> None:

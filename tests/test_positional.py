@@ -110,6 +110,7 @@ def test_binary_encoding_matches_python_bits(num_positions: int, num_bits: int) 
     for p in range(num_positions):
         expected = [int(c) for c in reversed(format(p, f"0{num_bits}b"))]  # least significant first
         assert ours[p].tolist() == expected
+    assert torch.equal(binary_encoding(num_positions, num_bits, dtype=torch.int64), ours.long())
 
 
 def test_learned_embedding_adds_its_rows_and_is_seeded() -> None:
