@@ -1,0 +1,550 @@
+"""Byte pair encoding (BPE): learning subword merges from a corpus and applying them to text.
+
+Two flavours, both from the lecture:
+
+* **Classic BPE** (Sennrich et al., 2016). A word is its characters followed by an end-of-word
+  symbol ``</w>``. Training repeatedly merges the most frequent pair of adjacent symbols, counting
+  each word as often as it occurs; the ordered list of merges is the model. :func:`learn_bpe`
+  learns it, :func:`apply_bpe` segments any word with it, seen in training or not.
+* **Byte-level BPE** (GPT-2, Radford et al., 2019). The same merges, learned over the UTF-8 bytes of
+  regex pre-tokens, so every string can be encoded and no token is ever unknown:
+  :class:`ByteLevelBPE`, which exports itself to a HuggingFace ``tokenizers.Tokenizer``.
+
+Training exists twice, giving identical merges on every input, ties included:
+
+* :func:`iter_merges_recount` recounts every pair after every merge: the textbook algorithm,
+  whose cost is (number of merges) x (corpus size);
+* :func:`iter_merges` keeps the counts up to date: an index from each pair to the words that
+  contain it and a max-heap with lazy invalidation, so a merge costs time in proportion to the
+  occurrences it touches.
+
+**Ties.** Among the pairs with the highest count, the winner is the pair whose first occurrence
+comes first when the words are read in the order given (a dict's insertion order), each from left
+to right. This rule reproduces the lecture's merge order.
+
+**Applying merges.** A word is split into its initial symbols; then, as long as some adjacent pair
+is a learned merge, the pair with the lowest rank (the earliest-learned merge) is merged, the
+leftmost one if it occurs twice. This is GPT-2's rule and HuggingFace ``tokenizers``' rule.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import json
+import re
+import sys
+import unicodedata
+from collections import Counter, defaultdict
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from itertools import islice
+from os import PathLike
+from typing import Any, TypeVar
+
+__all__ = [
+    "GPT2_PATTERN", "ByteLevelBPE", "apply_bpe", "bpe_steps", "bytes_to_unicode", "gpt2_pattern",
+    "iter_merges", "iter_merges_recount", "learn_bpe", "learned_vocabulary", "merge_pair",
+    "pair_counts", "pretokenize", "word_counts",
+]
+
+Pair = tuple[str, str]
+S = TypeVar("S", bound=Hashable)
+
+# --------------------------------------------------------------------------------------------
+# Counting and merging pairs: the two operations every BPE trainer is made of
+# --------------------------------------------------------------------------------------------
+
+
+def pair_counts(segmentations: Sequence[Sequence[str]], counts: Sequence[int]) -> dict[Pair, int]:
+    """Frequency of every adjacent symbol pair, each word weighted by its count.
+
+    segmentations: one symbol sequence per word; counts: (len(segmentations),) word frequencies.
+    The dict lists the pairs in order of first occurrence (words in order, each left to right).
+    """
+    totals: dict[Pair, int] = {}
+    for symbols, count in zip(segmentations, counts, strict=True):
+        for pair in zip(symbols, symbols[1:]):
+            totals[pair] = totals.get(pair, 0) + count
+    return totals
+
+
+def merge_pair(symbols: Sequence[str], pair: Pair) -> list[str]:
+    """Replace every occurrence of ``pair`` in ``symbols`` by one symbol, scanning left to right
+    (so ``a a a`` with the pair ``(a, a)`` becomes ``aa a``)."""
+    first, second = pair
+    out: list[str] = []
+    i = 0
+    while i < len(symbols):
+        if symbols[i] == first and i + 1 < len(symbols) and symbols[i + 1] == second:
+            out.append(first + second)
+            i += 2
+        else:
+            out.append(symbols[i])
+            i += 1
+    return out
+
+
+def iter_merges_recount(words: Sequence[Sequence[str]], counts: Sequence[int]) -> Iterator[Pair]:
+    """Yield BPE merges, best first, recounting all pairs after every merge (the reference).
+
+    words: initial symbol sequences, one per distinct word; counts: their frequencies. Ends when no
+    word has two symbols left. Among equally frequent pairs the one seen first wins: ``max`` returns
+    the first maximum, and ``pair_counts`` lists pairs in order of first occurrence.
+    """
+    segmentations = [list(word) for word in words]
+    while True:
+        totals = pair_counts(segmentations, counts)
+        if not totals:
+            return
+        best = max(totals, key=totals.__getitem__)
+        yield best
+        segmentations = [merge_pair(symbols, best) for symbols in segmentations]
+
+
+def iter_merges(words: Sequence[Sequence[str]], counts: Sequence[int]) -> Iterator[Pair]:
+    """Yield the same merges as :func:`iter_merges_recount`, updating counts incrementally.
+
+    words: initial symbol sequences, one per distinct word; counts: their frequencies.
+
+    State, for every pair of symbol ids: its total ``count``; ``where`` it occurs (a superset: word
+    indices are added when the pair appears and dropped lazily); and ``first``, the position
+    ``(word index, offset)`` of its first occurrence, which decides ties. A symbol's offset is that
+    of its first initial symbol, so merges never move it. A merge rewrites only the words that
+    contain the pair, and adjusts only the pairs next to each merge site.
+
+    The heap holds ``(-count, word, offset, pair)`` entries that are *lower bounds* of each pair's
+    true key: a count that falls or a first occurrence that moves right only makes the true key
+    larger, so such entries stay valid bounds and are fixed when they reach the top; a pair whose
+    key gets smaller (a count that grows, an occurrence further left) is pushed anew. The top entry
+    is accepted only if it is exact, so the pair accepted is the true best one.
+    """
+    if len(words) != len(counts):
+        raise ValueError(f"words has {len(words)} entries but counts has {len(counts)}")
+    names = list(dict.fromkeys(symbol for word in words for symbol in word))  # symbol id -> string
+    ids = {name: i for i, name in enumerate(names)}
+    seqs = [[ids[symbol] for symbol in word] for word in words]
+    starts = [list(range(len(seq))) for seq in seqs]   # offset of each symbol in its word
+    count: dict[tuple[int, int], int] = defaultdict(int)
+    where: dict[tuple[int, int], set[int]] = defaultdict(set)
+    first: dict[tuple[int, int], tuple[int, int]] = {}
+    stale: set[tuple[int, int]] = set()   # pairs whose `first` is only a lower bound
+    for w, seq in enumerate(seqs):
+        for offset, pair in enumerate(zip(seq, seq[1:])):
+            count[pair] += counts[w]
+            where[pair].add(w)
+            first.setdefault(pair, (w, offset))
+    heap = [(-c, *first[pair], pair) for pair, c in count.items()]
+    heapq.heapify(heap)
+
+    def remove(pair: tuple[int, int], n: int, w: int, offset: int) -> None:
+        left = count[pair] - n
+        if left:
+            count[pair] = left
+            if first[pair] == (w, offset):
+                stale.add(pair)
+        else:                             # gone from the corpus: forget it entirely
+            del count[pair], first[pair]
+            where.pop(pair, None)
+            stale.discard(pair)
+
+    def add(pair: tuple[int, int], n: int, w: int, offset: int, grown: set) -> None:
+        count[pair] += n
+        where[pair].add(w)
+        if pair not in first or (w, offset) < first[pair]:
+            first[pair] = (w, offset)     # left of every old occurrence, so exact
+            stale.discard(pair)
+        grown.add(pair)
+
+    def locate_first(pair: tuple[int, int]) -> tuple[int, int]:
+        candidates = where[pair]
+        while True:
+            w = min(candidates)
+            seq = seqs[w]
+            for i in range(len(seq) - 1):
+                if seq[i] == pair[0] and seq[i + 1] == pair[1]:
+                    return w, starts[w][i]
+            candidates.discard(w)         # an index entry left over from an earlier merge
+
+    while heap:
+        neg_count, w, offset, pair = heapq.heappop(heap)
+        c = count.get(pair, 0)
+        if c == 0 or c > -neg_count:      # gone, or a fresher entry is queued
+            continue
+        if pair in stale:
+            first[pair] = locate_first(pair)
+            stale.discard(pair)
+        if (neg_count, w, offset) != (-c, *first[pair]):
+            heapq.heappush(heap, (-c, *first[pair], pair))
+            continue
+
+        a, b = pair
+        yield names[a], names[b]
+        merged = names[a] + names[b]
+        if merged not in ids:             # two different merges can build the same string
+            ids[merged] = len(names)
+            names.append(merged)
+        new = ids[merged]
+        grown: set[tuple[int, int]] = set()
+        for w in where.pop(pair):
+            seq, start, n = seqs[w], starts[w], counts[w]
+            i = 0
+            while True:                   # merge the occurrences in place, left to right
+                try:
+                    i = seq.index(a, i)   # jump to the next candidate in C
+                except ValueError:
+                    break
+                if i + 1 < len(seq) and seq[i + 1] == b:
+                    if i > 0:             # (prev, a) becomes (prev, new)
+                        remove((seq[i - 1], a), n, w, start[i - 1])
+                        add((seq[i - 1], new), n, w, start[i - 1], grown)
+                    if i + 2 < len(seq):  # (b, next) becomes (new, next)
+                        remove((b, seq[i + 2]), n, w, start[i + 1])
+                        add((new, seq[i + 2]), n, w, start[i], grown)
+                    seq[i] = new
+                    del seq[i + 1], start[i + 1]
+                i += 1
+        count.pop(pair, None)
+        first.pop(pair, None)
+        stale.discard(pair)
+        for p in grown:
+            if count.get(p, 0) > 0:
+                heapq.heappush(heap, (-count[p], *first[p], p))
+
+
+# --------------------------------------------------------------------------------------------
+# Classic BPE with an end-of-word symbol
+# --------------------------------------------------------------------------------------------
+
+
+def _check_word_counts(word_counts: Mapping[str, int]) -> None:
+    if not isinstance(word_counts, Mapping):
+        raise TypeError(f"word_counts must be a mapping from word (str) to count (int), "
+                        f"got {type(word_counts).__name__}")
+    for word, count in word_counts.items():
+        if not isinstance(word, str):
+            raise TypeError(f"word_counts keys must be str, got {type(word).__name__} {word!r}")
+        if not word:
+            raise ValueError("word_counts contains the empty string; words must be non-empty")
+        if not isinstance(count, int) or isinstance(count, bool):
+            raise TypeError(f"the count of {word!r} must be an int, got {type(count).__name__}")
+        if count <= 0:
+            raise ValueError(f"the count of {word!r} must be positive, got {count}")
+
+
+def _check_end_of_word(end_of_word: str) -> None:
+    if not isinstance(end_of_word, str):
+        raise TypeError(f"end_of_word must be a str, got {type(end_of_word).__name__}")
+
+
+def _symbols(word: str, end_of_word: str) -> list[str]:
+    """A word's initial symbols: its characters, then the end-of-word symbol (if not empty)."""
+    return list(word) + ([end_of_word] if end_of_word else [])
+
+
+def word_counts(text: str) -> dict[str, int]:
+    r"""Count the words of ``text``: runs of word characters or of punctuation (``\w+|[^\w\s]+``,
+    the split of HuggingFace's ``Whitespace`` pre-tokenizer), in order of first appearance."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    return dict(Counter(re.findall(r"\w+|[^\w\s]+", text)))
+
+
+def learn_bpe(word_counts: Mapping[str, int], num_merges: int, end_of_word: str = "</w>",
+              *, trainer: str = "incremental") -> list[Pair]:
+    """Learn up to ``num_merges`` classic BPE merges, best first (fewer if the words run out of pairs).
+
+    word_counts: word -> frequency; its order decides ties (see the module docstring).
+    trainer: ``"incremental"`` (:func:`iter_merges`) or ``"recount"`` (:func:`iter_merges_recount`);
+    both return the same list.
+    """
+    _check_word_counts(word_counts)
+    _check_end_of_word(end_of_word)
+    if not isinstance(num_merges, int) or isinstance(num_merges, bool) or num_merges < 0:
+        raise ValueError(f"num_merges must be a non-negative int, got {num_merges!r}")
+    trainers = {"incremental": iter_merges, "recount": iter_merges_recount}
+    if trainer not in trainers:
+        raise ValueError(f"trainer must be one of {sorted(trainers)}, got {trainer!r}")
+    words = [_symbols(word, end_of_word) for word in word_counts]
+    return list(islice(trainers[trainer](words, list(word_counts.values())), num_merges))
+
+
+def learned_vocabulary(word_counts: Mapping[str, int], merges: Sequence[Pair],
+                       end_of_word: str = "</w>") -> list[str]:
+    """The initial symbols in order of first appearance, then each merge's new symbol: the
+    vocabulary whose size is (initial symbols) + (merges), as long as no two merges build the
+    same string."""
+    _check_word_counts(word_counts)
+    symbols = [s for word in word_counts for s in _symbols(word, end_of_word)]
+    return list(dict.fromkeys(symbols + [a + b for a, b in merges]))
+
+
+def _merge_table(merges: Iterable[tuple[S, S]],
+                 merged: Callable[[tuple[S, S]], S]) -> dict[tuple[S, S], tuple[int, S]]:
+    """pair -> (rank, merged symbol). A pair listed twice keeps its first (best) rank."""
+    table: dict[tuple[S, S], tuple[int, S]] = {}
+    for rank, pair in enumerate(merges):
+        table.setdefault(pair, (rank, merged(pair)))
+    return table
+
+
+def _lowest_rank_merges(symbols: list[S], table: Mapping[tuple[S, S], tuple[int, S]]) -> Iterator[int]:
+    """Merge, in place, the adjacent pair of lowest rank (leftmost on a tie) until no adjacent
+    pair is in ``table``; yield the rank of each merge as it is made."""
+    while len(symbols) > 1:
+        best = min(((table[pair][0], i) for i, pair in enumerate(zip(symbols, symbols[1:]))
+                    if pair in table), default=None)
+        if best is None:
+            return
+        rank, i = best
+        symbols[i:i + 2] = [table[symbols[i], symbols[i + 1]][1]]
+        yield rank
+
+
+def bpe_steps(word: str, merges: Sequence[Pair], end_of_word: str = "</w>") -> Iterator[tuple[Pair, list[str]]]:
+    """Yield ``(merge, segmentation)`` after each merge :func:`apply_bpe` makes on ``word``."""
+    if not isinstance(word, str):
+        raise TypeError(f"word must be a str, got {type(word).__name__}")
+    if not word:
+        raise ValueError("word must be a non-empty str")
+    _check_end_of_word(end_of_word)
+    pairs = []
+    for k, pair in enumerate(merges):
+        if not (isinstance(pair, tuple | list) and len(pair) == 2 and all(isinstance(s, str) and s for s in pair)):
+            raise TypeError(f"merges[{k}] must be a pair of non-empty str, got {pair!r}")
+        pairs.append((pair[0], pair[1]))
+    table = _merge_table(pairs, lambda pair: pair[0] + pair[1])
+    symbols = _symbols(word, end_of_word)
+    for rank in _lowest_rank_merges(symbols, table):
+        yield pairs[rank], list(symbols)
+
+
+def apply_bpe(word: str, merges: Sequence[Pair], end_of_word: str = "</w>") -> list[str]:
+    """Segment ``word`` with learned ``merges`` (best first): start from its characters plus
+    ``end_of_word`` and keep merging the lowest-ranked adjacent pair, the leftmost on a tie."""
+    steps = list(bpe_steps(word, merges, end_of_word))
+    return steps[-1][1] if steps else _symbols(word, end_of_word)
+
+
+# --------------------------------------------------------------------------------------------
+# Byte-level BPE (GPT-2)
+# --------------------------------------------------------------------------------------------
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's map from the 256 byte values to printable characters.
+
+    Printable Latin-1 bytes stand for themselves; the other 68 (control characters, space, ...)
+    are shifted to the characters 256, 257, ... in byte order. A token is then a readable string,
+    and a space shows as ``Ġ`` (chr(256 + 32)).
+    """
+    keep = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)}
+    shifted = [b for b in range(256) if b not in keep]
+    return {b: chr(b) if b in keep else chr(256 + shifted.index(b)) for b in range(256)}
+
+
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+"""GPT-2's pre-tokenisation regex: contractions, letter runs, digit runs and punctuation runs, each
+with at most one leading space, and whitespace (a run of spaces before a word leaves its last space
+to the word)."""
+
+# The Unicode White_Space property, which \s means in Oniguruma (HuggingFace's regex engine);
+# Python's own \s also matches U+001C..U+001F.
+_WHITE_SPACE = [(0x09, 0x0D), (0x20, 0x20), (0x85, 0x85), (0xA0, 0xA0), (0x1680, 0x1680),
+                (0x2000, 0x200A), (0x2028, 0x2029), (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000)]
+
+
+@functools.cache
+def _category_ranges(major: str) -> tuple[tuple[int, int], ...]:
+    """Code-point ranges whose Unicode general category starts with ``major`` (L or N),
+    from this Python's ``unicodedata``."""
+    ranges: list[tuple[int, int]] = []
+    start = None
+    for cp in range(sys.maxunicode + 2):
+        inside = cp <= sys.maxunicode and unicodedata.category(chr(cp))[0] == major
+        if inside and start is None:
+            start = cp
+        elif not inside and start is not None:
+            ranges.append((start, cp - 1))
+            start = None
+    return tuple(ranges)
+
+
+@functools.cache
+def gpt2_pattern(engine: str = "python") -> str:
+    r""":data:`GPT2_PATTERN` with ``\p{L}``, ``\p{N}`` and ``\s`` spelled out as code-point ranges.
+
+    The classes come from this Python's Unicode database, and the same ranges go into the
+    HuggingFace export, so both sides split every string alike even where their Unicode versions
+    disagree (each version assigns thousands of new letters). engine: ``"python"`` (for :mod:`re`)
+    or ``"oniguruma"`` (for ``tokenizers.Regex``); only the escape syntax differs.
+    """
+    escapes = {"python": lambda cp: f"\\U{cp:08X}", "oniguruma": lambda cp: f"\\x{{{cp:X}}}"}
+    if engine not in escapes:
+        raise ValueError(f"engine must be 'python' or 'oniguruma', got {engine!r}")
+    esc = escapes[engine]
+
+    def body(ranges: Iterable[tuple[int, int]]) -> str:
+        return "".join(esc(a) if a == b else f"{esc(a)}-{esc(b)}" for a, b in ranges)
+
+    classes = {r"\p{L}": body(_category_ranges("L")), r"\p{N}": body(_category_ranges("N")),
+               r"\s": body(_WHITE_SPACE)}
+
+    def expand(match: re.Match) -> str:
+        token = match.group(0)
+        if token.startswith("["):         # inside a bracket: splice the ranges in
+            return re.sub(r"\\p\{[LN]\}|\\s", lambda m: classes[m.group(0)], token)
+        if token == r"\S":
+            return "[^" + classes[r"\s"] + "]"
+        return "[" + classes[token] + "]"
+
+    return re.sub(r"\[[^\]]*\]|\\p\{[LN]\}|\\[sS]", expand, GPT2_PATTERN)
+
+
+@functools.cache
+def _gpt2_regex() -> re.Pattern:
+    return re.compile(gpt2_pattern("python"))
+
+
+def pretokenize(text: str) -> list[str]:
+    """Split ``text`` into GPT-2 pre-tokens; their concatenation is ``text``."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    return _gpt2_regex().findall(text)
+
+
+class ByteLevelBPE:
+    """GPT-2-style byte-level BPE tokenizer.
+
+    Ids 0..255 are the byte values; each merge that builds a new string adds the next id. Tokens
+    are written as strings over :func:`bytes_to_unicode`'s alphabet (``Ġthe`` is the bytes of
+    `` the``), as in GPT-2's vocabulary files.
+
+    >>> tok = ByteLevelBPE().train("low lower newest widest " * 50, vocab_size=270)
+    >>> tok.decode(tok.encode("lowest 😊")) == "lowest 😊"
+    True
+    """
+
+    def __init__(self, merges: Iterable[Sequence[str]] = (), cache_size: int = 100_000) -> None:
+        """merges: pairs of token strings, best first; cache_size: how many pre-tokens'
+        encodings to remember (encoding cost is mostly spent on the first sight of a pre-token)."""
+        if not isinstance(cache_size, int) or cache_size < 0:
+            raise ValueError(f"cache_size must be a non-negative int, got {cache_size!r}")
+        self.cache_size = cache_size
+        self._reset()
+        for k, pair in enumerate(merges):
+            if not (isinstance(pair, Sequence) and not isinstance(pair, str) and len(pair) == 2
+                    and all(isinstance(s, str) and s in self._ids for s in pair)):
+                raise ValueError(f"merges[{k}] = {pair!r} is not a pair of tokens known at that point")
+            self._add_merge((pair[0], pair[1]))
+
+    def _reset(self) -> None:
+        byte_chars = bytes_to_unicode()
+        self.merges: list[Pair] = []
+        self.vocab: list[str] = [byte_chars[b] for b in range(256)]   # id -> token string
+        self._bytes: list[bytes] = [bytes([b]) for b in range(256)]   # id -> the bytes it stands for
+        self._ids = {token: i for i, token in enumerate(self.vocab)}
+        self._table: dict[tuple[int, int], tuple[int, int]] = {}       # (id, id) -> (rank, id)
+        self._cache: dict[str, list[int]] = {}
+
+    def _add_merge(self, pair: Pair) -> None:
+        key = (self._ids[pair[0]], self._ids[pair[1]])
+        if key in self._table:    # possible only when two merges built the same string
+            return
+        merged = pair[0] + pair[1]
+        if merged not in self._ids:
+            self._ids[merged] = len(self.vocab)
+            self.vocab.append(merged)
+            self._bytes.append(self._bytes[key[0]] + self._bytes[key[1]])
+        self._table[key] = (len(self.merges), self._ids[merged])
+        self.merges.append(pair)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    def train(self, text: str, vocab_size: int) -> ByteLevelBPE:
+        """Learn merges on ``text`` (replacing any earlier ones) until the vocabulary holds
+        ``vocab_size`` tokens or no pair is left. Pre-tokens are counted in order of first
+        appearance, which decides ties. Returns ``self``."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 256:
+            raise ValueError(f"vocab_size must be an int of at least 256 (one token per byte), got {vocab_size!r}")
+        byte_chars = bytes_to_unicode()
+        pieces = Counter(pretokenize(text))
+        words = [[byte_chars[b] for b in piece.encode("utf-8")] for piece in pieces]
+        self._reset()
+        merges = iter_merges(words, list(pieces.values()))
+        while self.vocab_size < vocab_size and (pair := next(merges, None)) is not None:
+            self._add_merge(pair)
+        return self
+
+    def _encode_piece(self, piece: str) -> list[int]:
+        ids = list(piece.encode("utf-8"))
+        for _ in _lowest_rank_merges(ids, self._table):
+            pass
+        return ids
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (any Unicode string without lone surrogates)."""
+        ids: list[int] = []
+        cache = self._cache
+        for piece in pretokenize(text):
+            piece_ids = cache.get(piece)
+            if piece_ids is None:
+                piece_ids = self._encode_piece(piece)
+                if len(cache) < self.cache_size:
+                    cache[piece] = piece_ids
+            ids.extend(piece_ids)
+        return ids
+
+    def tokens(self, text: str) -> list[str]:
+        """The tokens of ``text`` as strings over the byte alphabet (``Ġ`` is a space)."""
+        return [self.vocab[i] for i in self.encode(text)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of ``ids``; byte sequences that are not valid UTF-8 become U+FFFD."""
+        if hasattr(ids, "tolist"):                 # a tensor or an array
+            ids = ids.tolist()
+        chunks = []
+        for i in ids:
+            if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < self.vocab_size:
+                raise ValueError(f"ids must be ints in [0, {self.vocab_size}), got {i!r}")
+            chunks.append(self._bytes[i])
+        return b"".join(chunks).decode("utf-8", errors="replace")
+
+    def save(self, path: str | PathLike) -> None:
+        """Write the merges to a JSON file (the vocabulary follows from them)."""
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump({"format": "lecture_pkg.ByteLevelBPE", "version": 1,
+                       "merges": [list(pair) for pair in self.merges]}, f, ensure_ascii=False, indent=0)
+
+    @classmethod
+    def load(cls, path: str | PathLike) -> ByteLevelBPE:
+        """Read a tokenizer written by :meth:`save`."""
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        if not isinstance(data, dict) or data.get("format") != "lecture_pkg.ByteLevelBPE":
+            raise ValueError(f"{path} is not a file written by ByteLevelBPE.save")
+        return cls(data["merges"])
+
+    def to_hf_tokenizer(self) -> Any:
+        """A ``tokenizers.Tokenizer`` that encodes every text to the same ids and decodes alike.
+
+        Model: ``BPE`` with this vocabulary and these merges. Pre-tokenizer: a ``Split`` on
+        :func:`gpt2_pattern` (the GPT-2 regex with explicit code-point classes, see there), then
+        ``ByteLevel`` without its own regex to map bytes to characters. Decoder: ``ByteLevel``.
+        """
+        from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+        model = models.BPE(vocab={token: i for i, token in enumerate(self.vocab)}, merges=list(self.merges))
+        tokenizer = Tokenizer(model)
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(gpt2_pattern("oniguruma")), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+        tokenizer.decoder = decoders.ByteLevel()
+        return tokenizer
+
+    def __repr__(self) -> str:
+        return f"ByteLevelBPE(vocab_size={self.vocab_size}, merges={len(self.merges)})"

@@ -1,0 +1,78 @@
+"""Text corpora that every CPython installation carries, so chapters and tests need no network.
+
+* :func:`pydoc_topics`: the reference-manual topics that ``help()`` shows (``help("FORMATTING")``),
+  stored in the module ``pydoc_data.topics``: English prose about Python's syntax and semantics,
+  about 0.47 MB on CPython 3.11.
+* :func:`stdlib_docstrings`: the docstrings of the modules, classes and functions in the standard
+  library's own source files, read with :mod:`ast` (nothing is imported, so no module runs), about
+  1.7 MB on CPython 3.11.
+
+Both are deterministic for a given Python version: fixed order, no randomness. Their contents change
+between Python versions, so code must not hard-code numbers measured on them.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import os
+import sysconfig
+from collections.abc import Iterator
+from pathlib import Path
+
+__all__ = ["pydoc_topics", "stdlib_docstrings"]
+
+# Folders of the standard library whose docstrings are not prose about the library: test suites
+# (with deliberately broken files), the IDLE editor and demos, and third-party packages.
+_SKIPPED_DIRS = frozenset({"test", "tests", "idle_test", "idlelib", "turtledemo", "site-packages",
+                           "dist-packages", "__pycache__"})
+
+
+@functools.cache
+def pydoc_topics() -> str:
+    """The ``pydoc_data.topics`` texts, ordered by topic name and separated by blank lines."""
+    from pydoc_data.topics import topics
+
+    return "\n\n".join(topics[name].strip() for name in sorted(topics))
+
+
+@functools.cache
+def stdlib_docstrings(max_bytes: int | None = None) -> str:
+    """Docstrings of the standard library, separated by blank lines.
+
+    Files are read in sorted path order, each file's docstrings in source order (module, then
+    classes and functions as ``ast.walk`` meets them). With ``max_bytes`` the text stops before the
+    first docstring that would take it past ``max_bytes`` UTF-8 bytes, and only the files needed are
+    parsed (the whole library takes a few seconds).
+    """
+    if max_bytes is not None and (not isinstance(max_bytes, int) or isinstance(max_bytes, bool)
+                                  or max_bytes < 0):
+        raise ValueError(f"max_bytes must be a non-negative int or None, got {max_bytes!r}")
+    separator = "\n\n"
+    parts: list[str] = []
+    size = 0
+    for doc in _iter_stdlib_docstrings():
+        added = len(doc.encode("utf-8")) + (len(separator) if parts else 0)
+        if max_bytes is not None and size + added > max_bytes:
+            break
+        parts.append(doc)
+        size += added
+    return separator.join(parts)
+
+
+def _iter_stdlib_docstrings() -> Iterator[str]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = []
+    for folder, subfolders, names in os.walk(root):
+        subfolders[:] = [d for d in subfolders if d not in _SKIPPED_DIRS]   # do not descend there
+        files += [Path(folder, name) for name in names if name.endswith(".py")]
+    files.sort(key=lambda p: p.relative_to(root).as_posix())
+    documented = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    for path in files:
+        try:
+            tree = ast.parse(path.read_bytes(), filename=str(path))
+        except (SyntaxError, ValueError):  # a few files are templates or use a newer grammar
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, documented) and (doc := ast.get_docstring(node)):
+                yield doc.strip()
