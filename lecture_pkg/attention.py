@@ -16,7 +16,8 @@ The module follows that sentence from top to bottom:
    (the Transformer's, with torch's masks, dropout, fp16/bf16 safety and the weights);
 4. :class:`MultiHeadAttention`, interchangeable with ``torch.nn.MultiheadAttention``;
 5. :func:`local_attention` (each query sees a window of keys: O(r n d) instead of O(n^2 d)) and
-   :func:`flash_attention` (all keys, exactly, without ever storing the t_q x t_k weights).
+   :func:`flash_attention` (all keys, exactly, one tile of scores at a time, never the whole
+   t_q x t_k matrix).
 
 Conventions: batch first, shapes written ``q: (..., t_q, d_k)`` where ``...`` are batch dims
 (e.g. batch, heads) that q, k and v must share exactly (no silent broadcasting); boolean masks use
@@ -565,21 +566,24 @@ def local_attention(q: Tensor, k: Tensor, v: Tensor, radius: int,
 
 def flash_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
                     scale: float | None = None, block_size: int = 256,
+                    query_block_size: int = 1024,
                     backend: Literal["auto", "torch", "triton"] = "auto") -> Tensor:
-    """Exact softmax(q k^T * scale) v without materialising the (t_q, t_k) weights: the keys are
-    visited one block at a time and the softmax is normalised online (Milakov & Gimelshein, 2018;
-    FlashAttention, Dao et al., 2022).
+    """Exact softmax(q k^T * scale) v without materialising the (t_q, t_k) weights: queries are
+    taken a block at a time, keys are streamed past them a block at a time, and the softmax is
+    normalised online (Milakov & Gimelshein, 2018; FlashAttention, Dao et al., 2022).
 
     For each query the loop keeps the running maximum m of its scores, the running sum
-    l = sum_j exp(s_j - m) and the unnormalised output acc = sum_j exp(s_j - m) v_j. When a block
-    raises the maximum to m', the old sums are rescaled by exp(m - m'); at the end out = acc / l.
-    Peak memory is O(t_q * block_size) instead of O(t_q * t_k).
+    l = sum_j exp(s_j - m) and the unnormalised output acc = sum_j exp(s_j - m) v_j. When a key
+    block raises the maximum to m', the old sums are rescaled by exp(m - m'); at the end
+    out = acc / l. Only one (query_block_size, block_size) tile of scores exists at a time, so
+    memory is O(t_q d + tile) instead of O(t_q t_k); a 1 MiB float32 tile also stays in cache.
 
     Args:
         q: (..., t_q, d_k), k: (..., t_k, d_k), v: (..., t_k, d_v), batch dims identical.
         is_causal: query i attends to keys j <= i (top-left aligned, as torch's is_causal).
+            Tiles entirely after the diagonal are skipped, which halves the work.
         scale: default 1/sqrt(d_k).
-        block_size: keys per block in the PyTorch loop.
+        block_size, query_block_size: keys and queries per tile in the PyTorch loop.
         backend: "torch" is the loop below, on any device; "triton" runs the fused kernel of
             :mod:`lecture_pkg.kernels` (CUDA, fp16/bf16, d_k = d_v in {64, 128}; on the CPU only
             under TRITON_INTERPRET=1, for testing); "auto" picks Triton for CUDA inputs it
@@ -587,12 +591,13 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
 
     Returns:
         out: (..., t_q, d_v) in q's dtype (fp16/bf16 accumulate in float32). Forward only: autograd
-        works through the loop but stores every block; the kernel has no backward.
+        works through the loop but stores every tile; the kernel has no backward.
     """
     _check_qkv(q, k, v)
     scale = _default_scale(q, scale)
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    for name, size in (("block_size", block_size), ("query_block_size", query_block_size)):
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"{name} must be a positive int, got {size!r}")
     if backend not in ("auto", "torch", "triton"):
         raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
     from lecture_pkg import kernels  # the kernels package imports Triton only when asked to
@@ -600,29 +605,36 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
     if backend == "triton" or (backend == "auto" and kernels.flash_attention_applies(q, k, v)):
         return kernels.triton_flash_attention(q, k, v, is_causal=is_causal, scale=scale)
 
-    t_q, t_k, d_v = q.shape[-2], k.shape[-2], v.shape[-1]
-    compute = _compute_dtype(q.dtype)
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    out = q.new_zeros(*q.shape[:-1], v.shape[-1])
     if t_k == 0:  # no keys: every query attends to nothing
-        return q.new_zeros(*q.shape[:-1], d_v)
+        return out
+    compute = _compute_dtype(q.dtype)
     q_scaled, k, v = q.to(compute) * scale, k.to(compute), v.to(compute)
-    running_max = q_scaled.new_full((*q.shape[:-1], 1), -math.inf)  # m, per query
-    running_sum = q_scaled.new_zeros(*q.shape[:-1], 1)  # l = sum_j exp(s_j - m)
-    acc = q_scaled.new_zeros(*q.shape[:-1], d_v)  # sum_j exp(s_j - m) v_j
-    for start in range(0, t_k, block_size):
-        stop = min(start + block_size, t_k)
-        # With the top-left causal mask, queries before `start` see none of these keys: skip
-        # them (this halves the work); every remaining query sees at least key `start`.
-        rows = slice(start if is_causal else 0, t_q)
-        if rows.start >= t_q:
-            break
-        scores = q_scaled[..., rows, :] @ k[..., start:stop, :].transpose(-2, -1)
-        if is_causal:  # the block's own mask is again a top-left causal triangle
-            block_mask = causal_mask(t_q - start, stop - start, device=q.device)
-            scores = scores.masked_fill(~block_mask, torch.finfo(compute).min)
-        new_max = torch.maximum(running_max[..., rows, :], scores.amax(-1, keepdim=True))
-        probs = scores.sub_(new_max).exp_()  # in place: the block's scores are not needed again
-        rescale = (running_max[..., rows, :] - new_max).exp()  # exp(-inf) = 0 on the first block
-        running_sum[..., rows, :] = running_sum[..., rows, :] * rescale + probs.sum(-1, keepdim=True)
-        acc[..., rows, :] = acc[..., rows, :] * rescale + probs @ v[..., start:stop, :]
-        running_max[..., rows, :] = new_max
-    return (acc / running_sum).to(q.dtype)
+    for q_start in range(0, t_q, query_block_size):
+        q_stop = min(q_start + query_block_size, t_q)
+        q_block = q_scaled[..., q_start:q_stop, :]
+        running_max = q_block.new_full((*q_block.shape[:-1], 1), -math.inf)  # m, per query
+        running_sum = q_block.new_zeros(*q_block.shape[:-1], 1)  # l = sum_j exp(s_j - m)
+        acc = q_block.new_zeros(*q_block.shape[:-1], v.shape[-1])  # sum_j exp(s_j - m) v_j
+        # Causal: keys after this block's last query are masked for all of its queries.
+        keys_stop = min(t_k, q_stop) if is_causal else t_k
+        for start in range(0, keys_stop, block_size):
+            stop = min(start + block_size, t_k)
+            scores = q_block @ k[..., start:stop, :].transpose(-2, -1)  # one tile
+            if is_causal and stop - 1 > q_start:  # the tile crosses the diagonal
+                # The tile's slice of the causal mask (slicing causal_mask(t_q, t_k) would
+                # build the whole t_q x t_k mask this function exists to avoid).
+                allowed = (torch.arange(start, stop, device=q.device)
+                           <= torch.arange(q_start, q_stop, device=q.device)[:, None])
+                # Finite, not -inf: the first tile (start = 0) holds key 0, which every query
+                # may attend, so the running max is a real score from then on.
+                scores = scores.masked_fill(~allowed, torch.finfo(compute).min)
+            new_max = torch.maximum(running_max, scores.amax(-1, keepdim=True))
+            probs = scores.sub_(new_max).exp_()  # in place: the tile's scores are not needed again
+            rescale = (running_max - new_max).exp()  # exp(-inf) = 0 on the first tile
+            running_sum = running_sum * rescale + probs.sum(-1, keepdim=True)
+            acc = acc * rescale + probs @ v[..., start:stop, :]
+            running_max = new_max
+        out[..., q_start:q_stop, :] = acc / running_sum
+    return out

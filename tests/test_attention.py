@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 
 import numpy as np
 import pytest
@@ -31,7 +32,7 @@ from lecture_pkg.attention import (
     sparsemax,
 )
 from lecture_pkg.kernel_regression import nadaraya_watson
-from lecture_pkg.kernels.measure import median_time, peak_memory
+from lecture_pkg.kernels.measure import peak_memory, wall_time
 
 FAST = settings(max_examples=40, deadline=None)
 
@@ -246,7 +247,7 @@ def test_half_precision_is_finite_and_close(dtype: torch.dtype) -> None:
     rtol = 2**-7 if dtype == torch.bfloat16 else 2**-10
     assert torch.allclose(out.float(), reference, rtol=rtol, atol=1e-3)
     assert torch.allclose(weights.float(), reference_weights, rtol=rtol, atol=1e-3)
-    flash = flash_attention(q, k, v, is_causal=True, block_size=5)
+    flash = flash_attention(q, k, v, is_causal=True, block_size=5, query_block_size=6)
     causal, _ = scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
     assert flash.dtype == dtype and torch.allclose(flash.float(), causal, rtol=rtol, atol=1e-3)
 
@@ -435,12 +436,14 @@ def test_local_attention_equals_banded_sdpa() -> None:
 
 @FAST
 @given(t_q=st.integers(1, 40), t_k=st.integers(1, 40), block_size=st.integers(1, 17),
-       is_causal=st.booleans(), seed=st.integers(0, 2**16))
+       query_block_size=st.integers(1, 17), is_causal=st.booleans(), seed=st.integers(0, 2**16))
 def test_flash_attention_equals_exact_attention(t_q: int, t_k: int, block_size: int,
-                                                is_causal: bool, seed: int) -> None:
+                                                query_block_size: int, is_causal: bool,
+                                                seed: int) -> None:
     q, k, v = randn(2, t_q, 5, seed=seed), randn(2, t_k, 5, seed=seed + 1), randn(2, t_k, 3, seed=seed + 2)
     expected, _ = scaled_dot_product_attention(q, k, v, is_causal=is_causal)
-    got = flash_attention(q, k, v, is_causal=is_causal, block_size=block_size, backend="torch")
+    got = flash_attention(q, k, v, is_causal=is_causal, block_size=block_size,
+                          query_block_size=query_block_size, backend="torch")
     assert torch.allclose(got, expected, atol=1e-12)
 
 
@@ -448,7 +451,7 @@ def test_flash_attention_extreme_scores_and_no_keys() -> None:
     # Scores of +-1000: a naive exp overflows; the running max must keep everything finite.
     q, k, v = randn(1, 8, 4) * 30, randn(1, 20, 4, seed=1) * 30, randn(1, 20, 2, seed=2)
     expected = F.scaled_dot_product_attention(q, k, v)
-    assert torch.allclose(flash_attention(q, k, v, block_size=3), expected)
+    assert torch.allclose(flash_attention(q, k, v, block_size=3, query_block_size=3), expected)
     empty = flash_attention(q, k[:, :0], v[:, :0])
     assert empty.shape == (1, 8, 2) and (empty == 0).all()
 
@@ -485,4 +488,16 @@ def test_peak_memory_sees_a_known_allocation() -> None:
     result, peak = peak_memory(allocate)
     assert result == 16 * 2**20
     assert 60 * 2**20 < peak < 80 * 2**20
-    assert median_time(lambda: None, repeats=3) >= 0
+
+
+def test_wall_time_statistics() -> None:
+    durations = iter([0.03, 0.001, 0.001, 0.02])  # warm-up, then three timed runs
+
+    def sleep_next() -> None:
+        time.sleep(next(durations))
+
+    assert 0.001 <= wall_time(sleep_next, repeats=3, warmup=1) < 0.015  # the minimum
+    durations = iter([0.001, 0.02, 0.02])
+    assert wall_time(sleep_next, repeats=3, warmup=0, statistic="median") >= 0.02
+    with pytest.raises(ValueError, match="statistic"):
+        wall_time(sleep_next, statistic="mean")  # type: ignore[arg-type]
