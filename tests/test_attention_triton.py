@@ -54,6 +54,20 @@ def test_interpreted_kernel_matches_sdpa(head_dim: int, is_causal: bool, t_q: in
 
 
 @interpreter
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_interpreted_kernel_small_tiles_for_older_gpus(monkeypatch: pytest.MonkeyPatch,
+                                                      is_causal: bool) -> None:
+    from lecture_pkg.kernels import flash_attention_triton
+
+    small = {"BLOCK_Q": 64, "BLOCK_K": 32, "num_warps": 4, "num_stages": 1}
+    assert flash_attention_triton.launch_config(64, torch.device("cpu")) != small
+    monkeypatch.setattr(flash_attention_triton, "launch_config", lambda head_dim, device: small)
+    q, k, v = inputs((1, 2), 150, 100, 64, torch.float16, "cpu")
+    out = flash_attention(q, k, v, is_causal=is_causal, backend="triton")
+    torch.testing.assert_close(out.float(), reference(q, k, v, is_causal), rtol=4e-3, atol=2e-3)
+
+
+@interpreter
 def test_interpreted_kernel_strided_inputs_and_scale() -> None:
     # (batch, t, heads, d) transposed to (batch, heads, t, d): non-contiguous, as after a projection.
     q, k, v = (x.transpose(1, 2) for x in inputs((2, 96), 3, 3, 64, torch.float16, "cpu"))

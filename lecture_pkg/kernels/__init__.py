@@ -53,6 +53,9 @@ def _unsupported_reason(q: Tensor, k: Tensor, v: Tensor) -> str | None:
                 f"{q.device}, Triton importable: {_triton_importable()}")
     if q.dtype not in FLASH_DTYPES:
         return f"needs float16 or bfloat16 inputs, got {q.dtype}"
+    if q.dtype == torch.bfloat16 and q.device.type == "cuda" and \
+            torch.cuda.get_device_capability(q.device) < (8, 0):
+        return "needs a GPU of compute capability 8.0 or newer for bfloat16 (use float16)"
     if q.shape[-1] != v.shape[-1] or q.shape[-1] not in FLASH_HEAD_DIMS:
         return (f"needs d_k = d_v in {FLASH_HEAD_DIMS}, got d_k = {q.shape[-1]}, "
                 f"d_v = {v.shape[-1]}")
