@@ -1,5 +1,6 @@
 # make book : install (first time), execute every notebook and build the HTML book in _build/html
-# make test : install, unit tests, nbval over every notebook, the book build, a headless browser check
+# make test : install, unit tests, Triton kernel via its interpreter, nbval over every notebook,
+#             the book build, a headless browser check
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -49,7 +50,13 @@ browser-check: install
 	  || ($(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends chromium)
 	LECTURE_REQUIRE_BOOK=1 $(PY) -m pytest -m book tests/
 
-test: unit nbval book browser-check
+# Triton kernel correctness on the CPU through Triton's interpreter (no GPU needed). Triton is
+# installed only when missing, so a CUDA torch's own pinned Triton is never replaced.
+triton-check: install
+	$(PY) -c "import triton" 2>/dev/null || $(PY) -m pip install --quiet triton==3.9.0
+	TRITON_INTERPRET=1 $(PY) -m pytest -p no:cacheprovider tests/test_attention_triton.py
+
+test: unit triton-check nbval book browser-check
 
 bench: install
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
