@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from lecture_pkg import kernels
 from lecture_pkg.attention import flash_attention, scaled_dot_product_attention
-from lecture_pkg.kernels.measure import peak_memory, wall_time
+from lecture_pkg.measure import peak_memory, wall_time
 
 MIB = 2**20
 

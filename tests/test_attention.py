@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 
 import numpy as np
 import pytest
@@ -32,7 +31,6 @@ from lecture_pkg.attention import (
     sparsemax,
 )
 from lecture_pkg.kernel_regression import nadaraya_watson
-from lecture_pkg.kernels.measure import peak_memory, wall_time
 
 FAST = settings(max_examples=40, deadline=None)
 
@@ -478,26 +476,3 @@ def test_triton_backend_on_cpu_says_why_not() -> None:
 # --------------------------------------------------------------------------------------------
 # Measurement helpers
 # --------------------------------------------------------------------------------------------
-
-def test_peak_memory_sees_a_known_allocation() -> None:
-    def allocate() -> float:
-        big = torch.ones(16 * 2**20, dtype=torch.float32)  # 64 MiB, touched so it is resident
-        return big.sum().item()
-
-    peak_memory(allocate)  # warm up torch's first-use costs
-    result, peak = peak_memory(allocate)
-    assert result == 16 * 2**20
-    assert 60 * 2**20 < peak < 80 * 2**20
-
-
-def test_wall_time_statistics() -> None:
-    durations = iter([0.03, 0.001, 0.001, 0.02])  # warm-up, then three timed runs
-
-    def sleep_next() -> None:
-        time.sleep(next(durations))
-
-    assert 0.001 <= wall_time(sleep_next, repeats=3, warmup=1) < 0.015  # the minimum
-    durations = iter([0.001, 0.02, 0.02])
-    assert wall_time(sleep_next, repeats=3, warmup=0, statistic="median") >= 0.02
-    with pytest.raises(ValueError, match="statistic"):
-        wall_time(sleep_next, statistic="mean")  # type: ignore[arg-type]

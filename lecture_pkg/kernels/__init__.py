@@ -8,7 +8,6 @@ tested on machines without a GPU.
 * :func:`flash_attention_applies` says whether ``flash_attention(backend="auto")`` will use the
   kernel for given inputs (CUDA only); :func:`triton_flash_attention` runs it (CUDA, or the CPU
   under the interpreter).
-* :mod:`lecture_pkg.kernels.measure` times a call and measures its peak memory (CPU or CUDA).
 """
 
 from __future__ import annotations

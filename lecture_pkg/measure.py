@@ -1,5 +1,7 @@
 """Time a call and measure the peak memory it needs, on the CPU or a CUDA device.
 
+Every chapter's "cost and scale" section and every benchmark measures with these two functions.
+
 Peak memory is what an implementation allocates on top of what existed before the call:
 
 * CUDA: ``torch.cuda.max_memory_allocated`` after resetting the peak (exact, per allocation);
@@ -34,25 +36,35 @@ def _synchronize(device: torch.device) -> None:
 
 
 def wall_time(fn: Callable[[], object], device: torch.device | str = "cpu", repeats: int = 5,
-              warmup: int = 1, statistic: Literal["min", "median"] = "min") -> float:
+              warmup: int = 1, statistic: Literal["min", "median"] = "min",
+              cpu_threads: int | None = None) -> float:
     """Wall-clock seconds of ``fn()`` over ``repeats`` runs after ``warmup`` runs (CUDA work is
     waited for, so the time covers the computation, not just the launch). ``"min"`` is the least
     noisy estimate of what the computation itself needs when other processes share the machine;
-    ``"median"`` is a typical run."""
+    ``"median"`` is a typical run. ``cpu_threads`` pins torch's CPU thread count while timing (and
+    restores it): on a shared machine, threads waiting for a busy core make timings erratic."""
     device = torch.device(device)
     if repeats < 1 or warmup < 0:
         raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats} and {warmup}")
     if statistic not in ("min", "median"):
         raise ValueError(f"statistic must be 'min' or 'median', got {statistic!r}")
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        _synchronize(device)
-        start = time.perf_counter()
-        fn()
-        _synchronize(device)
-        times.append(time.perf_counter() - start)
+    if cpu_threads is not None and cpu_threads < 1:
+        raise ValueError(f"cpu_threads must be >= 1, got {cpu_threads}")
+    threads = torch.get_num_threads()
+    if cpu_threads is not None and device.type == "cpu":
+        torch.set_num_threads(cpu_threads)
+    try:
+        for _ in range(warmup):
+            fn()
+        times = []
+        for _ in range(repeats):
+            _synchronize(device)
+            start = time.perf_counter()
+            fn()
+            _synchronize(device)
+            times.append(time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
     return min(times) if statistic == "min" else statistics.median(times)
 
 
