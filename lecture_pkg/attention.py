@@ -386,7 +386,7 @@ def scaled_dot_product_attention(
         dropout), so ``out == weights @ v``. A query that may attend to no key gets zero weights
         and a zero output (torch's SDPA also returns zeros there). fp16/bf16 inputs are computed in
         float32 and both results are returned in the inputs' dtype; masked scores are set to
-        ``torch.finfo(float32).min``, never -1e9 (which overflows fp16).
+        ``torch.finfo(float32).min``, never a constant such as −10⁹ (which overflows fp16 to −inf).
     """
     _check_qkv(q, k, v)
     scale = _default_scale(q, scale)

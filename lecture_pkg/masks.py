@@ -204,7 +204,7 @@ def combine_masks(*masks: Tensor) -> Tensor:
 def to_additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
     """Bool mask (True = may attend) -> float mask to add to scores: 0 where allowed and
     ``torch.finfo(dtype).min`` where blocked (finite, so fp16/bf16 never overflow to -inf - -inf
-    = NaN; -1e9 would overflow fp16, whose most negative value is -65504)."""
+    = NaN; a constant such as −10⁹ would overflow fp16, whose most negative value is -65504)."""
     if mask.dtype != torch.bool:
         raise TypeError(f"mask must be a bool tensor (True = may attend), got {mask.dtype}")
     if not dtype.is_floating_point:
