@@ -57,10 +57,8 @@ def causal_mask(t_q: int, t_k: int | None = None, device: Device = None) -> Tens
     For t_q != t_k the triangle is aligned top-left, exactly as
     ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)`` aligns it.
     """
-    t_k = t_q if t_k is None else t_k
-    for name, value in (("t_q", t_q), ("t_k", t_k)):
-        if not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    _check_size("t_q", t_q)
+    t_k = t_q if t_k is None else _check_size("t_k", t_k)
     return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril()
 
 
@@ -205,9 +203,10 @@ def to_additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
     """Bool mask (True = may attend) -> float mask to add to scores: 0 where allowed and
     ``torch.finfo(dtype).min`` where blocked (finite, so fp16/bf16 never overflow to -inf - -inf
     = NaN; a constant such as −10⁹ would overflow fp16, whose most negative value is -65504)."""
-    if mask.dtype != torch.bool:
-        raise TypeError(f"mask must be a bool tensor (True = may attend), got {mask.dtype}")
-    if not dtype.is_floating_point:
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+        got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
+        raise TypeError(f"mask must be a bool tensor (True = may attend), got {got}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating dtype, got {dtype}")
     zeros = torch.zeros((), dtype=dtype, device=mask.device)
     return torch.where(mask, zeros, torch.finfo(dtype).min)

@@ -143,15 +143,19 @@ def test_causal_mask_stops_leakage_from_the_future() -> None:
 
 
 def test_padding_does_not_change_the_real_tokens() -> None:
+    # Bidirectional attention, so that only the padding mask keeps the pads out (a causal mask
+    # alone would already hide right padding). The sequence shares its batch with a longer one.
     g = torch.Generator().manual_seed(0)
     seq = torch.randn(5, 8, generator=g, dtype=torch.float64)
-    alone = F.scaled_dot_product_attention(seq[None, None], seq[None, None], seq[None, None],
-                                           attn_mask=causal_mask(5))
+    alone = F.scaled_dot_product_attention(seq[None], seq[None], seq[None])
     for pad in (1, 4, 11):
-        batch = torch.cat([seq, torch.randn(pad, 8, generator=g, dtype=torch.float64)])[None, None]
-        mask = combine_masks(causal_mask(5 + pad), padding_mask([5], 5 + pad)[:, None, None, :])
-        out = F.scaled_dot_product_attention(batch, batch, batch, attn_mask=mask)
-        torch.testing.assert_close(out[..., :5, :], alone, rtol=0, atol=1e-12)
+        padded = torch.cat([seq, torch.randn(pad, 8, generator=g, dtype=torch.float64)])
+        batch = torch.stack([padded, torch.randn(5 + pad, 8, generator=g, dtype=torch.float64)])
+        keys = padding_mask([5, 5 + pad])[:, None, :]  # (batch, 1, t_k): same for every query
+        out = F.scaled_dot_product_attention(batch, batch, batch, attn_mask=keys)
+        torch.testing.assert_close(out[:1, :5], alone, rtol=0, atol=1e-12)
+        unmasked = F.scaled_dot_product_attention(batch, batch, batch)
+        assert (unmasked[:1, :5] - alone).abs().max() > 1e-3  # the pads leak without the mask
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
@@ -318,6 +322,12 @@ def test_span_lengths_are_uniform_over_compositions() -> None:
 
 
 def test_bad_arguments_raise_clear_errors() -> None:
+    with pytest.raises(ValueError, match="t_k must be an int >= 0"):
+        causal_mask(3, -1)
+    with pytest.raises(TypeError, match="mask must be a bool tensor"):
+        to_additive_mask(torch.ones(2, 2), torch.float16)
+    with pytest.raises(TypeError, match="floating dtype"):
+        to_additive_mask(causal_mask(2), torch.int64)
     with pytest.raises(ValueError, match="window must be an int >= 0"):
         sliding_window_mask(5, -1)
     with pytest.raises(ValueError, match=r"lengths must lie in \[0, max_len=4\]"):
