@@ -35,13 +35,13 @@ book: install
 # Re-execute the notebooks in place (stored outputs are committed).
 execute: install
 	$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace \
-	  --ExecutePreprocessor.timeout=180 book/[0-9]*.ipynb
+	  --ExecutePreprocessor.timeout=120 book/[0-9]*.ipynb
 
 unit: install
 	$(PY) -m pytest -m "not book" tests/
 
 nbval: install
-	$(PY) -m pytest -p no:cacheprovider --nbval-lax --nbval-current-env book/
+	$(PY) -m pytest -p no:cacheprovider --nbval-lax --nbval-current-env --nbval-cell-timeout=120 book/
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
