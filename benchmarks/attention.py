@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import platform
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
@@ -38,14 +37,13 @@ def cpu_implementations(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def interleaved_median_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Median seconds per function, running them in turns so that load from other processes on
-    a shared machine hits all of them alike."""
+    """Median seconds per function over ``repeats`` rounds, each round timing every function once
+    (with ``wall_time``), so that load from other processes on a shared machine hits all of them
+    alike."""
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(wall_time(fn, repeats=1, warmup=0))
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 

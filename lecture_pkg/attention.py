@@ -255,7 +255,8 @@ def sparsemax(scores: Tensor, dim: int = -1) -> Tensor:
     2016): like softmax, weights are >= 0 and sum to 1, but low scores get exactly 0. Piecewise
     linear, with the exact gradient in backward. Any shape; normalises along ``dim``."""
     if not isinstance(scores, Tensor) or not scores.is_floating_point():
-        raise TypeError("scores must be a floating-point torch.Tensor")
+        got = scores.dtype if isinstance(scores, Tensor) else type(scores).__name__
+        raise TypeError(f"scores must be a floating-point torch.Tensor, got {got}")
     z = scores.movedim(dim, -1)
     p = _Sparsemax.apply(z.to(_compute_dtype(z.dtype)))
     return p.to(scores.dtype).movedim(-1, dim)
@@ -306,7 +307,8 @@ def _bool_mask(mask: Tensor | None, name: str, scores_shape: tuple[int, ...],
     if mask is None:
         return None
     if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-        raise TypeError(f"{name} must be a bool tensor (True = may attend)")
+        got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
+        raise TypeError(f"{name} must be a bool tensor (True = may attend), got {got}")
     _check_broadcast(mask, name, scores_shape, device)
     return mask
 
@@ -590,8 +592,9 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
             supports when Triton is importable, else the loop.
 
     Returns:
-        out: (..., t_q, d_v) in q's dtype (fp16/bf16 accumulate in float32). Forward only: autograd
-        works through the loop but stores every tile; the kernel has no backward.
+        out: (..., t_q, d_v) in q's dtype (fp16/bf16 accumulate in float32). Autograd works
+        through the loop, but it keeps every tile for the backward pass (so training with it
+        needs O(t_q t_k) memory again); the Triton kernel is forward only.
     """
     _check_qkv(q, k, v)
     scale = _default_scale(q, scale)
@@ -630,7 +633,9 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
                 # Finite, not -inf: the first tile (start = 0) holds key 0, which every query
                 # may attend, so the running max is a real score from then on.
                 scores = scores.masked_fill(~allowed, torch.finfo(compute).min)
-            new_max = torch.maximum(running_max, scores.amax(-1, keepdim=True))
+            # The max only keeps exp() in range: the result does not depend on it, so it gets no
+            # gradient (and autograd need not keep the tile that the next line overwrites).
+            new_max = torch.maximum(running_max, scores.detach().amax(-1, keepdim=True))
             probs = scores.sub_(new_max).exp_()  # in place: the tile's scores are not needed again
             rescale = (running_max - new_max).exp()  # exp(-inf) = 0 on the first tile
             running_sum = running_sum * rescale + probs.sum(-1, keepdim=True)

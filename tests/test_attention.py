@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from lecture_pkg import kernels
 from lecture_pkg.attention import (
@@ -368,6 +370,29 @@ def test_multihead_matches_torch(kdim: int | None, vdim: int | None, bias: bool)
         assert torch.allclose(out, expected) and torch.allclose(weights, expected_weights)
 
 
+@FAST
+@given(batch=st.integers(1, 3), t_q=st.integers(1, 6), t_k=st.integers(1, 6),
+       num_heads=st.integers(1, 3), head_dim=st.integers(1, 4), kdim=st.integers(1, 6),
+       vdim=st.integers(1, 6), seed=st.integers(0, 2**16))
+def test_multihead_matches_torch_on_random_shapes(batch: int, t_q: int, t_k: int, num_heads: int,
+                                                  head_dim: int, kdim: int, vdim: int,
+                                                  seed: int) -> None:
+    torch.manual_seed(seed)
+    embed_dim = num_heads * head_dim
+    reference = torch.nn.MultiheadAttention(embed_dim, num_heads, kdim=kdim, vdim=vdim,
+                                            batch_first=True).double().eval()
+    ours = MultiHeadAttention.from_torch(reference).eval()
+    query = randn(batch, t_q, embed_dim, seed=seed)
+    key, value = randn(batch, t_k, kdim, seed=seed + 1), randn(batch, t_k, vdim, seed=seed + 2)
+    padding = torch.rand(batch, t_k) > 0.3
+    padding[:, 0] = True  # torch's module returns NaN for a query that sees no key
+    expected, expected_weights = reference(query, key, value, key_padding_mask=~padding,
+                                           average_attn_weights=False)
+    out, weights = ours(query, key, value, key_padding_mask=padding)
+    assert out.shape == (batch, t_q, embed_dim) and weights.shape == (batch, num_heads, t_q, t_k)
+    assert torch.allclose(out, expected) and torch.allclose(weights, expected_weights)
+
+
 def test_multihead_self_attention_causal_matches_torch() -> None:
     torch.manual_seed(1)
     reference = torch.nn.MultiheadAttention(12, 3, batch_first=True).double().eval()
@@ -432,6 +457,14 @@ def test_local_attention_equals_banded_sdpa() -> None:
             assert band[:, i, w].tolist() == pytest.approx(weights[:, i, j].tolist() if 0 <= j < 9 else [0, 0])
 
 
+def test_local_attention_errors() -> None:
+    q = randn(2, 9, 4)
+    with pytest.raises(ValueError, match="radius must be a non-negative int"):
+        local_attention(q, q, q, radius=-1)
+    with pytest.raises(ValueError, match="q has 9 positions but k has 5"):
+        local_attention(q, randn(2, 5, 4), randn(2, 5, 4), radius=1)
+
+
 @FAST
 @given(t_q=st.integers(1, 40), t_k=st.integers(1, 40), block_size=st.integers(1, 17),
        query_block_size=st.integers(1, 17), is_causal=st.booleans(), seed=st.integers(0, 2**16))
@@ -443,6 +476,47 @@ def test_flash_attention_equals_exact_attention(t_q: int, t_k: int, block_size: 
     got = flash_attention(q, k, v, is_causal=is_causal, block_size=block_size,
                           query_block_size=query_block_size, backend="torch")
     assert torch.allclose(got, expected, atol=1e-12)
+
+
+def test_flash_attention_gradients_match_torch() -> None:
+    q, k, v = (randn(2, 37, 5, seed=s).requires_grad_() for s in range(3))
+    for is_causal in (False, True):
+        got = flash_attention(q, k, v, is_causal=is_causal, block_size=7, query_block_size=9,
+                              backend="torch")
+        expected = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+        got_grads = torch.autograd.grad(got.pow(2).sum(), (q, k, v))
+        expected_grads = torch.autograd.grad(expected.pow(2).sum(), (q, k, v))
+        for got_grad, expected_grad in zip(got_grads, expected_grads):
+            assert torch.allclose(got_grad, expected_grad)
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the most elements of any tensor an op returns while the mode is active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.numel = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        result = func(*args, **(kwargs or {}))
+        for leaf in tree_leaves(result):
+            if isinstance(leaf, torch.Tensor):
+                self.numel = max(self.numel, leaf.numel())
+        return result
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_flash_attention_never_materialises_the_scores(is_causal: bool) -> None:
+    t_q, t_k, d = 384, 512, 8
+    q, k, v = randn(1, t_q, d), randn(1, t_k, d, seed=1), randn(1, t_k, d, seed=2)
+    with LargestTensor() as naive:  # the detector sees the (t_q, t_k) matrix when it exists
+        scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+    assert naive.numel >= t_q * t_k
+    with LargestTensor() as flash:
+        flash_attention(q, k, v, is_causal=is_causal, block_size=64, query_block_size=32,
+                        backend="torch")
+    # Nothing bigger than the inputs, the output or one (32, 64) tile of scores.
+    assert flash.numel <= max(t_k * d, 32 * 64)
 
 
 def test_flash_attention_extreme_scores_and_no_keys() -> None:
@@ -472,7 +546,3 @@ def test_triton_backend_on_cpu_says_why_not() -> None:
     with pytest.raises(ValueError, match="needs Triton and a CUDA device"):
         flash_attention(q, q, q, backend="triton")
 
-
-# --------------------------------------------------------------------------------------------
-# Measurement helpers
-# --------------------------------------------------------------------------------------------
