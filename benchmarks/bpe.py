@@ -4,9 +4,10 @@ Run from the repository root: .venv/bin/python benchmarks/bpe.py [--merges 2000]
 
 Corpus: the standard library's docstrings (lecture_pkg.data.stdlib_docstrings, about 1.7 MB on
 CPython 3.11) for training; Python's pydoc topics (about 0.47 MB) as unseen text for encoding.
-Every ratio is taken within this one run, on CPU time (see best_time). HF tokenizers runs on one
-thread (its Rust thread pool is switched off through TOKENIZERS_PARALLELISM/RAYON_NUM_THREADS
-before it is imported).
+Every ratio is taken within this one run. Times are wall-clock seconds from
+lecture_pkg.measure.wall_time, the best of --repeats runs (the best run is the one least disturbed
+by other processes on a shared machine). HF tokenizers runs on one thread (its Rust thread pool is
+switched off through TOKENIZERS_PARALLELISM/RAYON_NUM_THREADS before it is imported).
 
 Tables:
 1. classic BPE: learn_bpe (incremental) vs learn_bpe(trainer="recount") vs HF's BpeTrainer with
@@ -14,7 +15,8 @@ Tables:
 2. byte-level BPE: ByteLevelBPE.train vs HF's BpeTrainer on ByteLevel pre-tokens, same vocabulary
    size;
 3. encoding throughput of ByteLevelBPE (cold and warm pre-token cache) vs HF single-thread, on the
-   same merges (our export) and on HF's own trained merges.
+   same merges (our export) and on HF's own trained merges. HF's BPE model keeps a word cache of
+   its own, so its best of --repeats runs is a warm-cache time.
 """
 
 from __future__ import annotations
@@ -27,27 +29,24 @@ os.environ["RAYON_NUM_THREADS"] = "1"
 import argparse  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
-import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
+from typing import TypeVar  # noqa: E402
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 
 from lecture_pkg.bpe import ByteLevelBPE, learn_bpe, word_counts  # noqa: E402
 from lecture_pkg.data import pydoc_topics, stdlib_docstrings  # noqa: E402
+from lecture_pkg.measure import wall_time  # noqa: E402
+
+T = TypeVar("T")
 
 
-def best_time(fn: Callable[[], object], repeats: int) -> tuple[float, object]:
-    """Smallest CPU time of this process over ``repeats`` calls, and the last result.
-
-    CPU time rather than wall time: the benchmark machines are shared, and other processes'
-    load inflates wall time but hardly the CPU time of single-threaded code (HF runs on one
-    thread here, and process_time counts all of its threads anyway)."""
-    times, result = [], None
-    for _ in range(repeats):
-        start = time.process_time()
-        result = fn()
-        times.append(time.process_time() - start)
-    return min(times), result
+def best_time(fn: Callable[[], T], repeats: int, warmup: int = 0) -> tuple[float, T]:
+    """Best wall-clock seconds of ``fn()`` over ``repeats`` runs after ``warmup`` runs, and the
+    result of the last run (training runs need no warm-up: each one starts from scratch)."""
+    results: list[T] = []
+    seconds = wall_time(lambda: results.append(fn()), repeats=repeats, warmup=warmup)
+    return seconds, results[-1]
 
 
 def hf_classic(text: str, vocab_size: int) -> Tokenizer:
@@ -106,13 +105,13 @@ def main() -> None:
         assert slow == merges, "the two trainers disagree"
         rows.insert(1, ("learn_bpe(trainer='recount') (1 run)", f"{t_slow:.2f}", f"{t_slow / t_fast:.1f}", len(slow)))
     table(f"Classic BPE training, {len(wc)} distinct words, {sum(wc.values())} running words",
-          ("trainer", "CPU seconds", "time / incremental", "merges"), rows)
+          ("trainer", "seconds", "time / incremental", "merges"), rows)
 
     # 2. byte-level BPE ---------------------------------------------------------------------
     vocab_size = 256 + args.merges
     t_ours, ours = best_time(lambda: ByteLevelBPE().train(text, vocab_size), args.repeats)
     t_hf, hf = best_time(lambda: hf_byte_level(text, vocab_size), args.repeats)
-    table(f"Byte-level BPE training to vocab_size {vocab_size}", ("trainer", "CPU seconds", "time / HF"),
+    table(f"Byte-level BPE training to vocab_size {vocab_size}", ("trainer", "seconds", "time / HF"),
           [("ByteLevelBPE.train", f"{t_ours:.2f}", f"{t_ours / t_hf:.2f}"),
            ("HF BpeTrainer + ByteLevel (1 thread)", f"{t_hf:.2f}", "1.00")])
 
@@ -120,12 +119,12 @@ def main() -> None:
     mb = len(unseen.encode()) / 1e6
     exported = ours.to_hf_tokenizer()
     t_cold, ids = best_time(lambda: ByteLevelBPE(ours.merges).encode(unseen), args.repeats)
-    t_warm, _ = best_time(lambda: ours.encode(unseen), args.repeats)
+    t_warm, _ = best_time(lambda: ours.encode(unseen), args.repeats, warmup=1)
     t_export, enc = best_time(lambda: exported.encode(unseen), args.repeats)
     t_hf_own, enc_own = best_time(lambda: hf.encode(unseen), args.repeats)
     assert enc.ids == ids, "the export encodes differently"
     table(f"Encoding {mb:.2f} MB of unseen text (one encode call, 1 thread)",
-          ("encoder", "MB per CPU second", "throughput / HF (same merges)", "tokens"),
+          ("encoder", "MB per second", "throughput / HF (same merges)", "tokens"),
           [("ByteLevelBPE, cold cache", f"{mb / t_cold:.2f}", f"{t_export / t_cold:.2f}", len(ids)),
            ("ByteLevelBPE, warm cache", f"{mb / t_warm:.2f}", f"{t_export / t_warm:.2f}", len(ids)),
            ("HF Tokenizer, our merges (to_hf_tokenizer)", f"{mb / t_export:.2f}", "1.00", len(enc.ids)),

@@ -36,7 +36,7 @@ import re
 import sys
 import unicodedata
 from collections import Counter, defaultdict
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from os import PathLike
 from typing import Any, TypeVar
@@ -278,15 +278,6 @@ def learned_vocabulary(word_counts: Mapping[str, int], merges: Sequence[Pair],
     return list(dict.fromkeys(symbols + [a + b for a, b in merges]))
 
 
-def _merge_table(merges: Iterable[tuple[S, S]],
-                 merged: Callable[[tuple[S, S]], S]) -> dict[tuple[S, S], tuple[int, S]]:
-    """pair -> (rank, merged symbol). A pair listed twice keeps its first (best) rank."""
-    table: dict[tuple[S, S], tuple[int, S]] = {}
-    for rank, pair in enumerate(merges):
-        table.setdefault(pair, (rank, merged(pair)))
-    return table
-
-
 def _lowest_rank_merges(symbols: list[S], table: Mapping[tuple[S, S], tuple[int, S]]) -> Iterator[int]:
     """Merge, in place, the adjacent pair of lowest rank (leftmost on a tie) until no adjacent
     pair is in ``table``; yield the rank of each merge as it is made."""
@@ -307,12 +298,13 @@ def bpe_steps(word: str, merges: Sequence[Pair], end_of_word: str = "</w>") -> I
     if not word:
         raise ValueError("word must be a non-empty str")
     _check_end_of_word(end_of_word)
-    pairs = []
-    for k, pair in enumerate(merges):
+    pairs: list[Pair] = []
+    table: dict[Pair, tuple[int, str]] = {}   # pair -> (rank, merged symbol)
+    for rank, pair in enumerate(merges):
         if not (isinstance(pair, tuple | list) and len(pair) == 2 and all(isinstance(s, str) and s for s in pair)):
-            raise TypeError(f"merges[{k}] must be a pair of non-empty str, got {pair!r}")
+            raise TypeError(f"merges[{rank}] must be a pair of non-empty str, got {pair!r}")
         pairs.append((pair[0], pair[1]))
-    table = _merge_table(pairs, lambda pair: pair[0] + pair[1])
+        table.setdefault(pairs[-1], (rank, pair[0] + pair[1]))   # a pair listed twice keeps its best rank
     symbols = _symbols(word, end_of_word)
     for rank in _lowest_rank_merges(symbols, table):
         yield pairs[rank], list(symbols)
