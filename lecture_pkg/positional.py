@@ -69,9 +69,12 @@ def _check_base(base: object) -> float:
     return float(base)
 
 
-def _dtype_or_default(dtype: torch.dtype | None) -> torch.dtype:
-    dtype = torch.get_default_dtype() if dtype is None else dtype
-    if not dtype.is_floating_point:
+def _dtype_or_default(dtype: torch.dtype | None, floating: bool = True) -> torch.dtype:
+    if dtype is None:
+        return torch.get_default_dtype()
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
+    if floating and not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating dtype, got {dtype}")
     return dtype
 
@@ -118,6 +121,8 @@ def shift_matrix(k: float, d_model: int, base: float = 10000.0, *, dtype: torch.
     """
     if not isinstance(k, (int, float)) or isinstance(k, bool):
         raise TypeError(f"k must be a real number (an offset in positions), got {type(k).__name__}")
+    if not math.isfinite(k):
+        raise ValueError(f"k must be finite (an offset in positions), got {k}")
     dtype = _dtype_or_default(dtype)
     theta = k * angular_frequencies(d_model, base)
     cos, sin = theta.cos(), theta.sin()
@@ -159,7 +164,7 @@ def binary_encoding(num_positions: int, num_bits: int, *, dtype: torch.dtype | N
     computed = min(num_bits, 62)  # positions are int64, so every bit from 62 on is zero
     positions = torch.arange(num_positions, device=device)[:, None]
     bits = (positions >> torch.arange(computed, device=device)) & 1
-    return nn.functional.pad(bits, (0, num_bits - computed)).to(torch.get_default_dtype() if dtype is None else dtype)
+    return nn.functional.pad(bits, (0, num_bits - computed)).to(_dtype_or_default(dtype, floating=False))
 
 
 def _check_embeddings(x: Tensor, d_model: int) -> None:
@@ -212,8 +217,9 @@ def apply_rope(x: Tensor, positions: Tensor, base: float = 10000.0, *, interleav
     (RoFormer, GPT-J); pair j turns at w_j = base^(-2j/d). Because rotations compose,
     <rope(q, m), rope(k, n)> depends on the offset n - m only. Returns x's shape, dtype and device.
     """
-    if not isinstance(x, Tensor) or not isinstance(positions, Tensor):
-        raise TypeError("x and positions must be torch.Tensors")
+    for name, value in (("x", x), ("positions", positions)):
+        if not isinstance(value, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     if not x.is_floating_point():
         raise TypeError(f"x must have a floating dtype, got {x.dtype}")
     if x.dim() < 2:
