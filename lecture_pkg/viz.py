@@ -14,11 +14,13 @@ them).
 
 from __future__ import annotations
 
+import inspect
 import sys
 from collections.abc import Sequence
 
 import altair as alt
 import torch
+from IPython.display import Code
 
 __all__ = ["configure", "heatmap", "long_form", "range_slider", "show_source", "slider_filter"]
 
@@ -103,11 +105,7 @@ def _grid_step(values: list[float]) -> float:
     return step
 
 
-def show_source(obj: object) -> "IPython.display.Code":  # noqa: F821 (IPython is imported lazily)
+def show_source(obj: object) -> Code:
     """Display the source of a package function or class in a notebook, so that the book shows
     the code it runs and the two can never drift apart."""
-    import inspect
-
-    from IPython.display import Code
-
     return Code(inspect.getsource(obj), language="python")
