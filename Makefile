@@ -46,8 +46,8 @@ nbval: install
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 browser-check: install
-	@command -v chromium >/dev/null || $(SUDO) apt-get install -y --no-install-recommends chromium \
-	  || ($(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends chromium)
+	@command -v chromium >/dev/null || $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium \
+	  || ($(SUDO) apt-get update && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium)
 	LECTURE_REQUIRE_BOOK=1 $(PY) -m pytest -m book tests/
 
 # Triton kernel correctness on the CPU through Triton's interpreter (no GPU needed). Triton is
