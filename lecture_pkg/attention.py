@@ -34,6 +34,7 @@ from typing import Callable, Literal
 import torch
 from torch import Tensor, nn
 
+from lecture_pkg.checks import check_int
 from lecture_pkg.masks import causal_mask
 
 __all__ = [
@@ -546,8 +547,7 @@ def local_attention(q: Tensor, k: Tensor, v: Tensor, radius: int,
     if k.shape[-2] != n:
         raise ValueError(f"local_attention is self-attention: q has {n} positions but k has "
                          f"{k.shape[-2]}")
-    if isinstance(radius, bool) or not isinstance(radius, int) or radius < 0:
-        raise ValueError(f"radius must be a non-negative int, got {radius!r}")
+    check_int("radius", radius, 0)
     scale = _default_scale(q, scale)
     compute = _compute_dtype(q.dtype)
     window = 2 * radius + 1
@@ -598,9 +598,8 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
     """
     _check_qkv(q, k, v)
     scale = _default_scale(q, scale)
-    for name, size in (("block_size", block_size), ("query_block_size", query_block_size)):
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ValueError(f"{name} must be a positive int, got {size!r}")
+    check_int("block_size", block_size, 1)
+    check_int("query_block_size", query_block_size, 1)
     if backend not in ("auto", "torch", "triton"):
         raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
     from lecture_pkg import kernels  # the kernels package imports Triton only when asked to

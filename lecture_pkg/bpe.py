@@ -41,6 +41,8 @@ from itertools import islice
 from os import PathLike
 from typing import Any, TypeVar
 
+from lecture_pkg.checks import check_int
+
 __all__ = [
     "GPT2_PATTERN", "ByteLevelBPE", "apply_bpe", "bpe_steps", "bytes_to_unicode", "gpt2_pattern",
     "iter_merges", "iter_merges_recount", "learn_bpe", "learned_vocabulary", "merge_pair",
@@ -259,8 +261,7 @@ def learn_bpe(word_counts: Mapping[str, int], num_merges: int, end_of_word: str 
     """
     _check_word_counts(word_counts)
     _check_end_of_word(end_of_word)
-    if not isinstance(num_merges, int) or isinstance(num_merges, bool) or num_merges < 0:
-        raise ValueError(f"num_merges must be a non-negative int, got {num_merges!r}")
+    check_int("num_merges", num_merges, 0)
     trainers = {"incremental": iter_merges, "recount": iter_merges_recount}
     if trainer not in trainers:
         raise ValueError(f"trainer must be one of {sorted(trainers)}, got {trainer!r}")
@@ -419,9 +420,7 @@ class ByteLevelBPE:
     def __init__(self, merges: Iterable[Sequence[str]] = (), cache_size: int = 100_000) -> None:
         """merges: pairs of token strings, best first; cache_size: how many pre-tokens'
         encodings to remember (encoding cost is mostly spent on the first sight of a pre-token)."""
-        if not isinstance(cache_size, int) or cache_size < 0:
-            raise ValueError(f"cache_size must be a non-negative int, got {cache_size!r}")
-        self.cache_size = cache_size
+        self.cache_size = check_int("cache_size", cache_size, 0)
         self._reset()
         for k, pair in enumerate(merges):
             if not (isinstance(pair, Sequence) and not isinstance(pair, str) and len(pair) == 2
@@ -460,8 +459,7 @@ class ByteLevelBPE:
         appearance, which decides ties. Returns ``self``."""
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
-        if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 256:
-            raise ValueError(f"vocab_size must be an int of at least 256 (one token per byte), got {vocab_size!r}")
+        check_int("vocab_size", vocab_size, 256)  # at least one token per byte
         byte_chars = bytes_to_unicode()
         pieces = Counter(pretokenize(text))
         words = [[byte_chars[b] for b in piece.encode("utf-8")] for piece in pieces]

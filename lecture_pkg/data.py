@@ -20,6 +20,8 @@ import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
+from lecture_pkg.checks import check_int
+
 __all__ = ["pydoc_topics", "stdlib_docstrings"]
 
 # Folders of the standard library whose docstrings are not prose about the library: test suites
@@ -45,9 +47,8 @@ def stdlib_docstrings(max_bytes: int | None = None) -> str:
     first docstring that would take it past ``max_bytes`` UTF-8 bytes, and only the files needed are
     parsed (the whole library takes a few seconds).
     """
-    if max_bytes is not None and (not isinstance(max_bytes, int) or isinstance(max_bytes, bool)
-                                  or max_bytes < 0):
-        raise ValueError(f"max_bytes must be a non-negative int or None, got {max_bytes!r}")
+    if max_bytes is not None:
+        check_int("max_bytes", max_bytes, 0)
     separator = "\n\n"
     parts: list[str] = []
     size = 0

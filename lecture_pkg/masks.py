@@ -19,6 +19,8 @@ from typing import TypeVar
 import torch
 from torch import Tensor
 
+from lecture_pkg.checks import check_int
+
 __all__ = [
     "IGNORE_INDEX", "T5_SENTINELS", "apply_span_corruption", "bigbird_mask", "broadcast_mask",
     "causal_mask", "combine_masks", "longformer_mask", "mlm_mask", "padding_mask", "prefix_lm_mask",
@@ -33,12 +35,6 @@ IGNORE_INDEX = -100
 
 T5_SENTINELS = tuple(f"<extra_id_{i}>" for i in range(100))
 """T5's sentinel tokens, in the order spans use them (the slides write <X>, <Y>, <Z>)."""
-
-
-def _check_size(name: str, value: object, minimum: int = 0) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
 
 
 def _positions(t: int, device: Device) -> tuple[Tensor, Tensor]:
@@ -57,8 +53,8 @@ def causal_mask(t_q: int, t_k: int | None = None, device: Device = None) -> Tens
     For t_q != t_k the triangle is aligned top-left, exactly as
     ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)`` aligns it.
     """
-    _check_size("t_q", t_q)
-    t_k = t_q if t_k is None else _check_size("t_k", t_k)
+    check_int("t_q", t_q)
+    t_k = t_q if t_k is None else check_int("t_k", t_k)
     return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril()
 
 
@@ -75,7 +71,7 @@ def padding_mask(lengths: Tensor | Sequence[int], max_len: int | None = None) ->
                          f"of shape {tuple(lengths.shape)}")
     if max_len is None:
         max_len = int(lengths.max()) if len(lengths) else 0
-    _check_size("max_len", max_len)
+    check_int("max_len", max_len)
     if len(lengths) and (int(lengths.min()) < 0 or int(lengths.max()) > max_len):
         raise ValueError(f"lengths must lie in [0, max_len={max_len}], got {lengths.tolist()}")
     return torch.arange(max_len, device=lengths.device)[None, :] < lengths[:, None]
@@ -85,8 +81,8 @@ def sliding_window_mask(t: int, window: int, causal: bool = False, device: Devic
     """(t, t) bool mask of local attention: query i sees key j when |i - j| <= window
     (and j <= i when ``causal``). Each row allows at most 2 * window + 1 keys, so the number of
     attended pairs grows linearly in t."""
-    _check_size("t", t)
-    _check_size("window", window)
+    check_int("t", t)
+    check_int("window", window)
     i, j = _positions(t, device)
     mask = (i - j).abs() <= window
     return mask & (j <= i) if causal else mask
@@ -121,7 +117,7 @@ def bigbird_mask(t: int, window: int, global_tokens: Iterable[int] = (), num_ran
     same mask on every machine.
     """
     mask = longformer_mask(t, window, global_tokens, device=device)
-    _check_size("num_random", num_random)
+    check_int("num_random", num_random)
     if num_random > t:
         raise ValueError(f"num_random must be at most t={t}, got {num_random}")
     if num_random == 0 or t == 0:
@@ -138,8 +134,8 @@ def prefix_lm_mask(t: int, prefix_len: int, device: Device = None) -> Tensor:
     """(t, t) bool mask of a prefix LM: every query sees the whole prefix (positions
     < ``prefix_len``, attended bidirectionally, as an encoder would) and the rest causally.
     ``prefix_len = 0`` gives :func:`causal_mask`, ``prefix_len = t`` full attention."""
-    _check_size("t", t)
-    _check_size("prefix_len", prefix_len)
+    check_int("t", t)
+    check_int("prefix_len", prefix_len)
     if prefix_len > t:
         raise ValueError(f"prefix_len must be at most t={t}, got {prefix_len}")
     _, j = _positions(t, device)
@@ -236,7 +232,7 @@ def mlm_mask(input_ids: Tensor, vocab_size: int, mask_token_id: int,
             or input_ids.dtype == torch.bool:
         got = input_ids.dtype if isinstance(input_ids, Tensor) else type(input_ids).__name__
         raise TypeError(f"input_ids must be an integer tensor, got {got}")
-    _check_size("vocab_size", vocab_size, minimum=1)
+    check_int("vocab_size", vocab_size, minimum=1)
     if not isinstance(mask_token_id, int) or not 0 <= mask_token_id < vocab_size:
         raise ValueError(f"mask_token_id must be an id in [0, {vocab_size}), got {mask_token_id!r}")
     if not 0.0 <= mlm_probability <= 1.0:
@@ -330,7 +326,7 @@ def random_spans(length: int, noise_density: float = 0.15, mean_span_length: flo
     that many non-empty runs at random, and the runs alternate kept, noise, kept, noise, ... so the
     sequence starts with kept tokens and ends with a span. Draws from ``generator``.
     """
-    _check_size("length", length, minimum=2)
+    check_int("length", length, minimum=2)
     if not 0.0 < noise_density < 1.0:
         raise ValueError(f"noise_density must lie in (0, 1), got {noise_density}")
     if not mean_span_length >= 1.0:

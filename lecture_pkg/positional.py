@@ -25,6 +25,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from lecture_pkg.checks import check_int
+
 __all__ = [
     "LearnedPositionalEmbedding",
     "RelativePositionBias",
@@ -44,18 +46,9 @@ __all__ = [
 
 # --------------------------------------------------------------------------- input checks
 
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        kind = "positive" if minimum == 1 else f">= {minimum}"
-        raise ValueError(f"{name} must be {kind}, got {value}")
-    return value
-
-
 def _check_pairs(name: str, value: int) -> int:
     """A positive, even size: sinusoids and rotations work on (sin, cos) pairs of dimensions."""
-    _check_int(name, value, 1)
+    check_int(name, value, 1)
     if value % 2:
         raise ValueError(f"{name} must be even (dimensions come in sin/cos pairs), got {value}")
     return value
@@ -102,7 +95,7 @@ def sinusoidal_encoding(num_positions: int, d_model: int, base: float = 10000.0,
 
     dtype defaults to torch's default dtype; the angles are computed in float64 first.
     """
-    _check_int("num_positions", num_positions, 0)
+    check_int("num_positions", num_positions, 0)
     dtype = _dtype_or_default(dtype)
     angles = torch.arange(num_positions, dtype=torch.float64)[:, None] * angular_frequencies(d_model, base)
     # stack (sin, cos) on a last axis and flatten: sin lands in even columns, cos in odd ones
@@ -156,8 +149,8 @@ def binary_encoding(num_positions: int, num_bits: int, *, dtype: torch.dtype | N
     2^num_bits positions have distinct codes, hence the error beyond that. dtype defaults to
     torch's default float dtype (to add to embeddings); an integer dtype suits printing.
     """
-    _check_int("num_positions", num_positions, 0)
-    _check_int("num_bits", num_bits, 1)
+    check_int("num_positions", num_positions, 0)
+    check_int("num_bits", num_bits, 1)
     if num_bits < 63 and num_positions > 2**num_bits:
         raise ValueError(f"{num_positions} positions need {(num_positions - 1).bit_length()} bits but "
                          f"num_bits={num_bits} (only 2**num_bits positions have distinct codes)")
@@ -185,8 +178,8 @@ class LearnedPositionalEmbedding(nn.Module):
 
     def __init__(self, max_positions: int, d_model: int, *, generator: torch.Generator | None = None) -> None:
         super().__init__()
-        self.max_positions = _check_int("max_positions", max_positions, 1)
-        self.d_model = _check_int("d_model", d_model, 1)
+        self.max_positions = check_int("max_positions", max_positions, 1)
+        self.d_model = check_int("d_model", d_model, 1)
         self.weight = nn.Parameter(torch.empty(max_positions, d_model))
         nn.init.normal_(self.weight, std=0.02, generator=generator)
 
@@ -251,8 +244,8 @@ def apply_rope(x: Tensor, positions: Tensor, base: float = 10000.0, *, interleav
 
 def relative_positions(t_q: int, t_k: int, device: torch.device | str | None = None) -> Tensor:
     """(t_q, t_k) int64 matrix of offsets j - i (key position minus query position)."""
-    _check_int("t_q", t_q, 0)
-    _check_int("t_k", t_k, 0)
+    check_int("t_q", t_q, 0)
+    check_int("t_k", t_k, 0)
     return torch.arange(t_k, device=device)[None, :] - torch.arange(t_q, device=device)[:, None]
 
 
@@ -264,7 +257,7 @@ def alibi_slopes(num_heads: int, *, dtype: torch.dtype | None = None,
     other n, the rule of the ALiBi code: the slopes of the largest power of two p < n, then every
     other slope of the 2p sequence (its odd-numbered ones), as many as are missing.
     """
-    _check_int("num_heads", num_heads, 1)
+    check_int("num_heads", num_heads, 1)
 
     def geometric(n: int) -> list[float]:  # n a power of two
         return [2.0 ** (-8.0 * h / n) for h in range(1, n + 1)]
@@ -324,8 +317,8 @@ def _check_buckets(bidirectional: bool, num_buckets: int, max_distance: int) -> 
     """Validate a T5 bucket configuration; returns the number of buckets per direction."""
     if not isinstance(bidirectional, bool):
         raise TypeError(f"bidirectional must be a bool, got {type(bidirectional).__name__}")
-    _check_int("num_buckets", num_buckets, 4 if bidirectional else 2)  # >= 1 exact bucket per direction
-    _check_int("max_distance", max_distance, 1)
+    check_int("num_buckets", num_buckets, 4 if bidirectional else 2)  # >= 1 exact bucket per direction
+    check_int("max_distance", max_distance, 1)
     per_direction = num_buckets // 2 if bidirectional else num_buckets
     if max_distance <= per_direction // 2:
         raise ValueError(f"max_distance must exceed the {per_direction // 2} exactly bucketed distances, "
@@ -342,7 +335,7 @@ class RelativePositionBias(nn.Module):
     def __init__(self, num_heads: int, num_buckets: int = 32, max_distance: int = 128,
                  bidirectional: bool = True, *, generator: torch.Generator | None = None) -> None:
         super().__init__()
-        self.num_heads = _check_int("num_heads", num_heads, 1)
+        self.num_heads = check_int("num_heads", num_heads, 1)
         _check_buckets(bidirectional, num_buckets, max_distance)
         self.num_buckets, self.max_distance, self.bidirectional = num_buckets, max_distance, bidirectional
         self.bias = nn.Embedding(num_buckets, num_heads)

@@ -459,7 +459,7 @@ def test_local_attention_equals_banded_sdpa() -> None:
 
 def test_local_attention_errors() -> None:
     q = randn(2, 9, 4)
-    with pytest.raises(ValueError, match="radius must be a non-negative int"):
+    with pytest.raises(ValueError, match="radius must be >= 0"):
         local_attention(q, q, q, radius=-1)
     with pytest.raises(ValueError, match="q has 9 positions but k has 5"):
         local_attention(q, randn(2, 5, 4), randn(2, 5, 4), radius=1)

@@ -46,7 +46,7 @@ def test_deterministic() -> None:
     assert stdlib_docstrings(max_bytes=30_000) == once
 
 
-@pytest.mark.parametrize("bad", [-1, 1.5, "10", True])
-def test_bad_max_bytes(bad) -> None:
-    with pytest.raises(ValueError, match="max_bytes"):
+@pytest.mark.parametrize(("bad", "error"), [(-1, ValueError), (1.5, TypeError), ("10", TypeError), (True, TypeError)])
+def test_bad_max_bytes(bad: object, error: type[Exception]) -> None:
+    with pytest.raises(error, match="max_bytes"):
         stdlib_docstrings(max_bytes=bad)
