@@ -34,7 +34,7 @@ from typing import Callable, Literal
 import torch
 from torch import Tensor, nn
 
-from lecture_pkg.checks import check_int
+from lecture_pkg.checks import check_bool_mask, check_float_tensor, check_int
 from lecture_pkg.masks import causal_mask
 
 __all__ = [
@@ -62,10 +62,7 @@ Normaliser = Callable[[Tensor], Tensor]
 # --------------------------------------------------------------------------------------------
 
 def _check_tensor(x: object, name: str, min_dim: int = 2) -> None:
-    if not isinstance(x, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"{name} must have a floating dtype, got {x.dtype}")
+    check_float_tensor(name, x)
     if x.dim() < min_dim:
         raise ValueError(f"{name} must have at least {min_dim} dims (..., length, features), "
                          f"got shape {tuple(x.shape)}")
@@ -307,9 +304,7 @@ def _bool_mask(mask: Tensor | None, name: str, scores_shape: tuple[int, ...],
                device: torch.device) -> Tensor | None:
     if mask is None:
         return None
-    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-        got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
-        raise TypeError(f"{name} must be a bool tensor (True = may attend), got {got}")
+    check_bool_mask(name, mask)
     _check_broadcast(mask, name, scores_shape, device)
     return mask
 

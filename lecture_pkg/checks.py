@@ -3,7 +3,10 @@ says what was expected, so a wrong call fails loudly instead of broadcasting or 
 
 from __future__ import annotations
 
-__all__ = ["check_int"]
+import torch
+from torch import Tensor
+
+__all__ = ["check_bool_mask", "check_float_tensor", "check_int"]
 
 
 def check_int(name: str, value: object, minimum: int = 0) -> int:
@@ -14,4 +17,21 @@ def check_int(name: str, value: object, minimum: int = 0) -> int:
     if value < minimum:
         kind = "positive" if minimum == 1 else f">= {minimum}"
         raise ValueError(f"{name} must be {kind}, got {value}")
+    return value
+
+
+def check_float_tensor(name: str, value: object) -> Tensor:
+    """``value`` if it is a tensor with a floating dtype; TypeError otherwise."""
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if not value.is_floating_point():
+        raise TypeError(f"{name} must have a floating dtype, got {value.dtype}")
+    return value
+
+
+def check_bool_mask(name: str, value: object) -> Tensor:
+    """``value`` if it is a bool tensor (the book's masks: True = may attend); TypeError otherwise."""
+    if not isinstance(value, Tensor) or value.dtype != torch.bool:
+        got = value.dtype if isinstance(value, Tensor) else type(value).__name__
+        raise TypeError(f"{name} must be a bool tensor (True = may attend), got {got}")
     return value

@@ -21,6 +21,8 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from lecture_pkg.checks import check_float_tensor
+
 __all__ = ["KERNELS", "NadarayaWatson", "kernel_profile", "nadaraya_watson"]
 
 KERNELS = ("gaussian", "laplace", "boxcar", "epanechnikov")
@@ -53,10 +55,7 @@ def kernel_profile(kernel: Kernel, u: Tensor) -> Tensor:
 
 
 def _as_matrix(x: Tensor, name: str) -> Tensor:
-    if not isinstance(x, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"{name} must have a floating dtype, got {x.dtype}")
+    check_float_tensor(name, x)
     if x.dim() not in (1, 2):
         raise ValueError(f"{name} must have shape (n,) or (n, d), got {tuple(x.shape)}")
     return x[:, None] if x.dim() == 1 else x

@@ -19,7 +19,7 @@ from typing import TypeVar
 import torch
 from torch import Tensor
 
-from lecture_pkg.checks import check_int
+from lecture_pkg.checks import check_bool_mask, check_int
 
 __all__ = [
     "IGNORE_INDEX", "T5_SENTINELS", "apply_span_corruption", "bigbird_mask", "broadcast_mask",
@@ -143,9 +143,7 @@ def prefix_lm_mask(t: int, prefix_len: int, device: Device = None) -> Tensor:
 
 
 def _as_4d(mask: Tensor, name: str) -> Tensor:
-    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-        got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
-        raise TypeError(f"{name} must be a bool tensor (True = may attend), got {got}")
+    check_bool_mask(name, mask)
     if mask.dim() == 2:  # (t_q, t_k)
         return mask[None, None]
     if mask.dim() == 3:  # (batch, t_q, t_k)
@@ -199,9 +197,7 @@ def to_additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
     """Bool mask (True = may attend) -> float mask to add to scores: 0 where allowed and
     ``torch.finfo(dtype).min`` where blocked (finite, so fp16/bf16 never overflow to -inf - -inf
     = NaN; a constant such as −10⁹ would overflow fp16, whose most negative value is -65504)."""
-    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-        got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
-        raise TypeError(f"mask must be a bool tensor (True = may attend), got {got}")
+    check_bool_mask("mask", mask)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating dtype, got {dtype}")
     zeros = torch.zeros((), dtype=dtype, device=mask.device)

@@ -25,7 +25,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from lecture_pkg.checks import check_int
+from lecture_pkg.checks import check_float_tensor, check_int
 
 __all__ = [
     "LearnedPositionalEmbedding",
@@ -161,10 +161,7 @@ def binary_encoding(num_positions: int, num_bits: int, *, dtype: torch.dtype | N
 
 
 def _check_embeddings(x: Tensor, d_model: int) -> None:
-    if not isinstance(x, Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"x must have a floating dtype, got {x.dtype}")
+    check_float_tensor("x", x)
     if x.dim() != 3 or x.shape[-1] != d_model:
         raise ValueError(f"x must have shape (batch, t, d_model={d_model}), got {tuple(x.shape)}")
 
@@ -210,11 +207,9 @@ def apply_rope(x: Tensor, positions: Tensor, base: float = 10000.0, *, interleav
     (RoFormer, GPT-J); pair j turns at w_j = base^(-2j/d). Because rotations compose,
     <rope(q, m), rope(k, n)> depends on the offset n - m only. Returns x's shape, dtype and device.
     """
-    for name, value in (("x", x), ("positions", positions)):
-        if not isinstance(value, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"x must have a floating dtype, got {x.dtype}")
+    check_float_tensor("x", x)
+    if not isinstance(positions, Tensor):
+        raise TypeError(f"positions must be a torch.Tensor, got {type(positions).__name__}")
     if x.dim() < 2:
         raise ValueError(f"x must have shape (..., t, d), got {tuple(x.shape)}")
     _check_pairs("x's last dim d", x.shape[-1])
