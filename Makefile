@@ -33,9 +33,11 @@ book: install
 	$(VENV)/bin/jupyter-book build . $(BUILD_FLAGS)
 
 # Re-execute the notebooks in place (stored outputs are committed).
+# NOTEBOOKS=book/06_transformer.ipynb re-executes just that one.
+NOTEBOOKS ?= book/[0-9]*.ipynb
 execute: install
 	$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace \
-	  --ExecutePreprocessor.timeout=120 book/[0-9]*.ipynb
+	  --ExecutePreprocessor.timeout=120 $(NOTEBOOKS)
 
 unit: install
 	$(PY) -m pytest -m "not book" tests/

@@ -14,7 +14,7 @@ Boolean masks use True = "may attend", as torch's SDPA does. A mask is 2-D (t_q,
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import torch
 from torch import Tensor
@@ -47,15 +47,24 @@ def _positions(t: int, device: Device) -> tuple[Tensor, Tensor]:
 # Who may attend to whom
 # ---------------------------------------------------------------------------------------------
 
-def causal_mask(t_q: int, t_k: int | None = None, device: Device = None) -> Tensor:
+def causal_mask(t_q: int, t_k: int | None = None, device: Device = None, *,
+                align: Literal["top-left", "bottom-right"] = "top-left") -> Tensor:
     """(t_q, t_k) bool mask letting query i attend to keys j <= i (the lower triangle).
 
-    For t_q != t_k the triangle is aligned top-left, exactly as
-    ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)`` aligns it.
+    For t_q != t_k, ``align`` says where the triangle sits:
+
+    - ``"top-left"`` (default): query i sees keys 0..i, exactly as
+      ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)`` aligns it;
+    - ``"bottom-right"``: the t_q queries are the *last* t_q positions of a length-t_k sequence,
+      so query i sees keys 0..(t_k - t_q + i). This is the mask for decoding with a key-value
+      cache or for chunked prefill, where the new queries follow t_k - t_q cached positions.
     """
     check_int("t_q", t_q)
     t_k = t_q if t_k is None else check_int("t_k", t_k)
-    return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril()
+    if align not in ("top-left", "bottom-right"):
+        raise ValueError(f"align must be 'top-left' or 'bottom-right', got {align!r}")
+    offset = 0 if align == "top-left" else t_k - t_q
+    return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril(diagonal=offset)
 
 
 def padding_mask(lengths: Tensor | Sequence[int], max_len: int | None = None) -> Tensor:

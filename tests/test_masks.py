@@ -369,3 +369,13 @@ def test_masks_and_corruptions_follow_the_device() -> None:
     assert torch.equal(labels[selected], ids[selected]) and torch.equal(inputs[~selected], ids[~selected])
     spans = random_spans(50, generator=torch.Generator(cuda).manual_seed(0))
     assert sum(b - a for a, b in spans) == 8
+
+
+def test_causal_mask_bottom_right_alignment() -> None:
+    # 2 new queries after 3 cached positions: query i sees keys 0..3+i.
+    mask = causal_mask(2, 5, align="bottom-right")
+    assert mask.tolist() == [[True, True, True, True, False], [True, True, True, True, True]]
+    assert causal_mask(2, 5).tolist()[0] == [True, False, False, False, False]
+    assert torch.equal(causal_mask(4, 4, align="bottom-right"), causal_mask(4, 4))
+    with pytest.raises(ValueError, match="align"):
+        causal_mask(2, 5, align="left")
