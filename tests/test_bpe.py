@@ -66,6 +66,14 @@ def test_abwasser_segmentation() -> None:
     assert used.count(("a", "n")) == 2                          # "han" and "san" both merge
 
 
+def test_a_repeated_merge_keeps_its_earliest_rank() -> None:
+    """Training can list a pair twice (two merges that build the same string); the pair keeps
+    its best rank. Letting the later rank win would give `a bc </w>` here."""
+    merges = [("a", "b"), ("b", "c"), ("a", "b")]
+    assert apply_bpe("abc", merges) == ["ab", "c", "</w>"]
+    assert [pair for pair, _ in bpe_steps("abc", merges)] == [("a", "b")]
+
+
 def test_merge_pair_is_left_to_right() -> None:
     assert merge_pair(list("aaa"), ("a", "a")) == ["aa", "a"]
     assert merge_pair(list("abab"), ("a", "b")) == ["ab", "ab"]
@@ -219,6 +227,17 @@ def test_training_reaches_vocab_size_and_uses_the_shared_trainer(tok) -> None:
     assert small.merges == list(iter_merges_recount(words, list(pieces.values())))[:44]
     # a smaller vocabulary is a prefix of a larger one
     assert ByteLevelBPE().train(text, vocab_size=280).merges == small.merges[:24]
+
+
+def test_byte_level_repeated_merge_keeps_its_earliest_rank() -> None:
+    """A merges list with a pair twice: the class keeps one merge per pair, at its first rank,
+    and the HF export (whose BPE model would let a later duplicate win) encodes alike."""
+    tok = ByteLevelBPE([("a", "b"), ("b", "c"), ("a", "b")])
+    assert tok.merges == [("a", "b"), ("b", "c")] and tok.vocab_size == 258
+    assert tok.tokens("abc") == ["ab", "c"]
+    hf = tok.to_hf_tokenizer()
+    for text in ["abc", "abcabc bc ab", "cabbc"]:
+        assert hf.encode(text).ids == tok.encode(text)
 
 
 def test_tiny_corpus_stops_early() -> None:

@@ -124,6 +124,16 @@ def test_learned_embedding_adds_its_rows_and_is_seeded() -> None:
         emb(torch.randn(1, 9, 4))
 
 
+@pytest.mark.parametrize("max_positions", [1, 2, 8, 33])
+def test_learned_embedding_accepts_exactly_max_positions(max_positions: int) -> None:
+    """The boundary: a sequence of exactly max_positions tokens uses every row; one more fails."""
+    emb = LearnedPositionalEmbedding(max_positions, 4, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(2, max_positions, 4)
+    torch.testing.assert_close(emb(x), x + emb.weight)
+    with pytest.raises(ValueError, match=f"length {max_positions + 1} exceeds max_positions={max_positions}"):
+        emb(torch.randn(2, max_positions + 1, 4))
+
+
 # --------------------------------------------------------------------------- RoPE
 
 @pytest.mark.parametrize("base", [10000.0, 500.0])
