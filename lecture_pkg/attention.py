@@ -32,6 +32,7 @@ import math
 from typing import Callable, Literal
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lecture_pkg.checks import check_bool_mask, check_float_tensor, check_int
@@ -40,6 +41,7 @@ from lecture_pkg.masks import causal_mask
 __all__ = [
     "AdditiveScore",
     "BilinearScore",
+    "KVCache",
     "MultiHeadAttention",
     "attention",
     "cosine_score",
@@ -96,14 +98,21 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
                          f"(one value per key: t_k must match)")
 
 
+def _check_scale(scale: object) -> float | None:
+    if scale is None:
+        return None
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    return float(scale)
+
+
 def _default_scale(q: Tensor, scale: float | None) -> float:
+    scale = _check_scale(scale)
     if scale is None:
         if q.shape[-1] == 0:
             raise ValueError("q has last dim 0: the default scale 1/sqrt(d_k) needs d_k >= 1")
         return 1.0 / math.sqrt(q.shape[-1])
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
-    return float(scale)
+    return scale
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -338,13 +347,15 @@ def _split_mask(attn_mask: Tensor | None, is_causal: bool, q: Tensor,
         _check_broadcast(attn_mask, "attn_mask", scores_shape, q.device)
         if attn_mask.dtype == torch.bool:
             allowed = attn_mask
-        elif attn_mask.dtype == q.dtype:
+        elif attn_mask.is_floating_point():
+            # A float32 bias meets bf16 queries under autocast: add it in q's dtype.
+            attn_mask = attn_mask.to(q.dtype)
             blocked = attn_mask <= torch.finfo(q.dtype).min
             allowed = ~blocked
             bias = attn_mask.masked_fill(blocked, 0)
         else:
-            raise TypeError(f"attn_mask must be bool (True = may attend) or have q's dtype "
-                            f"{q.dtype} (added to the scores), got {attn_mask.dtype}")
+            raise TypeError(f"attn_mask must be bool (True = may attend) or floating (added to "
+                            f"the scores), got {attn_mask.dtype}")
     if is_causal:
         causal = causal_mask(q.shape[-2], t_k, device=q.device)
         allowed = causal if allowed is None else allowed & causal
@@ -369,8 +380,8 @@ def scaled_dot_product_attention(
         q: (..., t_q, d_k) queries; k: (..., t_k, d_k) keys; v: (..., t_k, d_v) values. The
             batch dims ``...`` (e.g. batch, heads) must be identical; t_q may differ from t_k and
             d_v from d_k.
-        attn_mask: optional, broadcastable to (..., t_q, t_k). Bool: True = may attend. Float (q's
-            dtype): added to the scores; entries <= ``torch.finfo(dtype).min`` (or -inf) block.
+        attn_mask: optional, broadcastable to (..., t_q, t_k). Bool: True = may attend. Float (cast
+            to q's dtype, so a float32 bias works under autocast): added to the scores; entries <= ``torch.finfo(dtype).min`` (or -inf) block.
         is_causal: query i may attend to keys j <= i (top-left aligned, as torch's is_causal).
             Unlike torch, it may be combined with attn_mask (both must allow a position).
         scale: multiplies q k^T; default 1/sqrt(d_k).
@@ -411,33 +422,84 @@ def scaled_dot_product_attention(
 # 4. Multi-head attention
 # --------------------------------------------------------------------------------------------
 
+class KVCache:
+    """The keys and values one attention layer has computed so far, for incremental decoding.
+
+    Self-attention appends the new positions' keys and values at every step, so step t projects
+    one token instead of t (``static=False``). Cross-attention attends to a fixed memory, so its
+    keys and values are computed at the first step and reused (``static=True``).
+
+    k, v: (batch, heads, t, head_dim), or None before the first step.
+    """
+
+    def __init__(self, static: bool = False) -> None:
+        self.static = static
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+
+    def __len__(self) -> int:
+        return 0 if self.k is None else self.k.shape[-2]
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store the new positions' k, v (batch, heads, t_new, head_dim); return all so far."""
+        if self.k is None or self.v is None:
+            self.k, self.v = k, v
+        else:
+            self.k, self.v = torch.cat([self.k, k], dim=-2), torch.cat([self.v, v], dim=-2)
+        return self.k, self.v
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows ``index`` (beam search: each surviving beam continues its parent)."""
+        if self.k is not None and self.v is not None:
+            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
+
+    def __repr__(self) -> str:
+        return f"KVCache(static={self.static}, length={len(self)})"
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention (Vaswani et al., 2017): project, split into heads, attend in each head,
     concatenate, project with W_O. Batch first; self-attention is ``mha(x, x, x)``,
     cross-attention ``mha(y, x, x)``.
 
-    forward(query, key, value, attn_mask=None, key_padding_mask=None, is_causal=False):
+    forward(query, key, value, attn_mask=None, key_padding_mask=None, is_causal=False,
+            need_weights=True, cache=None):
         query: (batch, t_q, embed_dim); key: (batch, t_k, kdim); value: (batch, t_k, vdim).
-        attn_mask: bool (True = may attend) or float (added), broadcastable to
-            (batch, num_heads, t_q, t_k), e.g. (t_q, t_k).
+        attn_mask: bool (True = may attend) or float (added to the scores, e.g. a relative
+            position bias), broadcastable to (batch, num_heads, t_q, t_k), e.g. (t_q, t_k).
         key_padding_mask: (batch, t_k) bool, True = a real token that may be attended.
         Both follow SDPA's convention. ``torch.nn.MultiheadAttention`` uses the opposite one for
         bool masks (True = blocked / padding): pass ``~mask`` to torch.
-        Returns (out: (batch, t_q, embed_dim), weights: (batch, num_heads, t_q, t_k)).
+        need_weights: True computes attention with the package's own
+            :func:`scaled_dot_product_attention` and returns the per-head weights (the teaching
+            path, for figures); False calls torch's fused
+            ``torch.nn.functional.scaled_dot_product_attention`` (the fast path) and returns
+            None for the weights. Both give the same output (tested).
+        cache: a :class:`KVCache` for incremental decoding. Self-attention (``static=False``):
+            ``query``, ``key``, ``value`` hold only the new positions; their keys and values are
+            appended, the queries attend to every cached position, and ``is_causal`` aligns the
+            triangle bottom-right (the new queries are the last positions). Cross-attention
+            (``static=True``): key/value are projected once and reused afterwards. The
+            key_padding_mask then covers every cached key: (batch, len(cache) + t_new).
+        Returns (out: (batch, t_q, embed_dim), weights: (batch, num_heads, t_q, t_k) or None).
 
-    Dropout on the weights is applied in training mode only.
+    scale multiplies q k^T (default 1/sqrt(head_dim); T5 uses 1.0). Dropout on the weights is
+    applied in training mode only.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
-                 kdim: int | None = None, vdim: int | None = None,
+                 kdim: int | None = None, vdim: int | None = None, scale: float | None = None,
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        if num_heads < 1 or embed_dim % num_heads:
+        check_int("embed_dim", embed_dim, minimum=1)
+        check_int("num_heads", num_heads, minimum=1)
+        if embed_dim % num_heads:
             raise ValueError(f"embed_dim {embed_dim} must be divisible by num_heads {num_heads}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         self.embed_dim, self.num_heads, self.dropout = embed_dim, num_heads, dropout
         self.kdim, self.vdim = kdim or embed_dim, vdim or embed_dim
+        self.scale = _check_scale(scale)
         factory = {"device": device, "dtype": dtype}
         self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
         self.k_proj = nn.Linear(self.kdim, embed_dim, bias=bias, **factory)
@@ -462,18 +524,37 @@ class MultiHeadAttention(nn.Module):
         if key.shape[1] != value.shape[1]:
             raise ValueError(f"key has {key.shape[1]} positions but value has {value.shape[1]}")
 
+    def _keys_values(self, key: Tensor, value: Tensor,
+                     cache: KVCache | None) -> tuple[Tensor, Tensor]:
+        """Projected keys and values (batch, heads, t_k, head_dim), through the cache if any."""
+        if cache is not None and cache.static and len(cache):
+            return cache.k, cache.v  # type: ignore[return-value]
+        k, v = self._split_heads(self.k_proj(key)), self._split_heads(self.v_proj(value))
+        return (k, v) if cache is None else cache.append(k, v)
+
     def forward(self, query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
-                key_padding_mask: Tensor | None = None,
-                is_causal: bool = False) -> tuple[Tensor, Tensor]:
+                key_padding_mask: Tensor | None = None, is_causal: bool = False,
+                need_weights: bool = True,
+                cache: KVCache | None = None) -> tuple[Tensor, Tensor | None]:
         self._check_inputs(query, key, value)
+        if cache is not None and not isinstance(cache, KVCache):
+            raise TypeError(f"cache must be a KVCache or None, got {type(cache).__name__}")
         batch, t_q, _ = query.shape
         q = self._split_heads(self.q_proj(query))
-        k = self._split_heads(self.k_proj(key))
-        v = self._split_heads(self.v_proj(value))
-        mask = _with_key_padding(attn_mask, key_padding_mask, batch, key.shape[1])
-        out, weights = scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=is_causal,
-            dropout_p=self.dropout if self.training else 0.0)
+        k, v = self._keys_values(key, value, cache)
+        t_k = k.shape[-2]
+        if is_causal and t_q != t_k:  # cached decoding: the new queries are the last positions
+            causal = causal_mask(t_q, t_k, device=q.device, align="bottom-right")
+            attn_mask = causal if attn_mask is None else _and_masks(attn_mask, causal)
+            is_causal = False
+        mask = _with_key_padding(attn_mask, key_padding_mask, batch, t_k)
+        dropout_p = self.dropout if self.training else 0.0
+        if need_weights:
+            out, weights = scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.scale,
+                dropout_p=dropout_p)
+        else:
+            out, weights = _fused_attention(q, k, v, mask, is_causal, self.scale, dropout_p), None
         out = out.transpose(1, 2).reshape(batch, t_q, self.embed_dim)  # concatenate the heads
         return self.out_proj(out), weights
 
@@ -521,6 +602,27 @@ def _with_key_padding(attn_mask: Tensor | None, key_padding_mask: Tensor | None,
     if attn_mask is None or attn_mask.dtype == torch.bool:
         return padding if attn_mask is None else attn_mask & padding
     return torch.where(padding, attn_mask, torch.finfo(attn_mask.dtype).min)
+
+
+def _and_masks(attn_mask: Tensor, allowed: Tensor) -> Tensor:
+    """Restrict a bool or additive float mask to the positions ``allowed`` (bool) permits."""
+    if attn_mask.dtype == torch.bool:
+        return attn_mask & allowed
+    return attn_mask.masked_fill(~allowed, torch.finfo(attn_mask.dtype).min)
+
+
+def _fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
+                     scale: float | None, dropout_p: float) -> Tensor:
+    """torch's fused SDPA with this module's mask semantics: a float mask's entries
+    <= finfo.min block, and a query that may attend to nothing gets a zero output."""
+    bias, allowed = _split_mask(mask, False, q, k.shape[-2])
+    fused_mask = allowed if bias is None else _and_masks(bias, allowed) if allowed is not None \
+        else bias
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=fused_mask, dropout_p=dropout_p,
+                                         is_causal=is_causal, scale=scale)
+    if allowed is not None:  # torch gives NaN or a uniform average for an all-blocked row
+        out = out.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
+    return out
 
 
 # --------------------------------------------------------------------------------------------

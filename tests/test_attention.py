@@ -18,6 +18,7 @@ from torch.utils._pytree import tree_leaves
 
 from lecture_pkg import kernels
 from lecture_pkg.attention import (
+    KVCache,
     AdditiveScore,
     BilinearScore,
     MultiHeadAttention,
@@ -293,7 +294,7 @@ def test_sdpa_errors_name_the_problem() -> None:
     with pytest.raises(ValueError, match="does not broadcast"):  # would enlarge the scores
         scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(3, 2, 5, 6, dtype=torch.bool))
     with pytest.raises(TypeError, match="attn_mask must be bool"):
-        scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(5, 6, dtype=torch.float32))
+        scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(5, 6, dtype=torch.int64))
     with pytest.raises(TypeError, match="share dtype and device"):
         scaled_dot_product_attention(q, k.float(), v)
     with pytest.raises(ValueError, match="dropout_p"):
@@ -546,3 +547,86 @@ def test_triton_backend_on_cpu_says_why_not() -> None:
     with pytest.raises(ValueError, match="needs Triton and a CUDA device"):
         flash_attention(q, q, q, backend="triton")
 
+
+
+# --------------------------------------------------------------------------------------------
+# MultiHeadAttention: fused fast path, scale, key-value cache
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("scale", [None, 1.0])
+def test_mha_fast_path_equals_teaching_path(scale: float | None) -> None:
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 4, scale=scale).double()
+    x, memory = randn(3, 5, 16), randn(3, 7, 16)
+    padding = torch.tensor([[True] * 7, [True] * 4 + [False] * 3, [False] * 7])  # row 3: nothing
+    bias = randn(1, 4, 5, 7)  # an additive per-head bias (T5/Swin style)
+    cases = [dict(), dict(key_padding_mask=padding), dict(attn_mask=bias),
+             dict(attn_mask=bias, key_padding_mask=padding)]
+    for kwargs in cases:
+        slow, weights = mha(x, memory, memory, **kwargs)
+        fast, none = mha(x, memory, memory, need_weights=False, **kwargs)
+        assert none is None and weights is not None
+        torch.testing.assert_close(fast, slow, rtol=1e-12, atol=1e-12)
+    slow, _ = mha(x, x, x, is_causal=True)
+    fast, _ = mha(x, x, x, is_causal=True, need_weights=False)
+    torch.testing.assert_close(fast, slow, rtol=1e-12, atol=1e-12)
+    # a query with no key to attend to gets a zero attention output on both paths
+    fast, _ = mha(x, memory, memory, key_padding_mask=padding, need_weights=False)
+    torch.testing.assert_close(fast[2], mha.out_proj.bias.expand(5, 16))
+
+
+def test_mha_scale_multiplies_scores() -> None:
+    torch.manual_seed(1)
+    mha = MultiHeadAttention(8, 2, scale=1.0).double()
+    x = randn(1, 3, 8)
+    _, weights = mha(x, x, x)
+    q = mha._split_heads(mha.q_proj(x))
+    k = mha._split_heads(mha.k_proj(x))
+    torch.testing.assert_close(weights, torch.softmax(q @ k.transpose(-2, -1), dim=-1))
+    with pytest.raises(TypeError, match="scale"):
+        MultiHeadAttention(8, 2, scale="1")
+
+
+def test_kv_cache_equals_full_causal_attention() -> None:
+    torch.manual_seed(2)
+    mha = MultiHeadAttention(12, 3).double().eval()
+    x = randn(2, 6, 12)
+    padding = torch.tensor([[True] * 6, [False, False, True, True, True, True]])  # left padded
+    full, _ = mha(x, x, x, is_causal=True, key_padding_mask=padding, need_weights=False)
+    for need_weights in (True, False):
+        cache = KVCache()
+        # a prompt of 3 positions at once (chunked prefill), then one position at a time
+        steps = [(0, 3), (3, 4), (4, 5), (5, 6)]
+        outs = []
+        for start, stop in steps:
+            chunk = x[:, start:stop]
+            out, _ = mha(chunk, chunk, chunk, is_causal=True, key_padding_mask=padding[:, :stop],
+                         cache=cache, need_weights=need_weights)
+            outs.append(out)
+        assert len(cache) == 6
+        torch.testing.assert_close(torch.cat(outs, dim=1), full, rtol=1e-12, atol=1e-12)
+
+
+def test_static_kv_cache_projects_memory_once() -> None:
+    torch.manual_seed(3)
+    mha = MultiHeadAttention(8, 2).double()
+    y, memory = randn(2, 1, 8), randn(2, 5, 8)
+    cache = KVCache(static=True)
+    first, _ = mha(y, memory, memory, cache=cache)
+    k_before = cache.k
+    second, _ = mha(y, memory * 0, memory * 0, cache=cache)  # memory ignored once cached
+    assert cache.k is k_before and len(cache) == 5
+    torch.testing.assert_close(first, second)
+    cache.reorder(torch.tensor([1, 1]))
+    torch.testing.assert_close(cache.k[0], cache.k[1])
+    with pytest.raises(TypeError, match="cache must be a KVCache"):
+        mha(y, memory, memory, cache={})
+
+
+def test_fast_path_float32_bias_under_bf16_autocast() -> None:
+    mha = MultiHeadAttention(8, 2)
+    x = torch.randn(2, 4, 8)
+    bias = torch.randn(1, 2, 4, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, _ = mha(x, x, x, attn_mask=bias, need_weights=False)
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
