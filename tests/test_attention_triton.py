@@ -5,24 +5,28 @@ Two lanes:
   the kernel's exact code on NumPy at small sizes. float16 only: the interpreter multiplies the
   raw bits of bfloat16 operands in ``tl.dot`` (triton-lang/triton#11584, unsupported upstream).
 * GPU (``@pytest.mark.gpu``): float16 and bfloat16 at realistic sizes, on a CUDA device.
-Without Triton the whole file is skipped; a CPU install never needs it.
+* CPU, no Triton needed: which implementation ``backend="auto"`` dispatches to, with the
+  kernel's entry points replaced by recorders (so a dispatch bug cannot hide behind a missing GPU).
+Without Triton the kernel tests are skipped; a CPU install never needs it.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-pytest.importorskip("triton")
+from lecture_pkg import kernels
+from lecture_pkg.attention import flash_attention
 
-from lecture_pkg import kernels  # noqa: E402 (after the skip: needs nothing from Triton itself)
-from lecture_pkg.attention import flash_attention  # noqa: E402
-
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                                  reason="Triton is not installed")
 interpreter = pytest.mark.skipif(
-    os.environ.get("TRITON_INTERPRET") != "1" or torch.cuda.is_available(),
+    os.environ.get("TRITON_INTERPRET") != "1" or torch.cuda.is_available()
+    or importlib.util.find_spec("triton") is None,
     reason="Triton interpreter lane: run `make triton-check` (TRITON_INTERPRET=1, no GPU)")
 
 SHAPES = [(200, 200), (70, 150), (150, 70), (1, 5)]  # (t_q, t_k): several blocks, ragged ends
@@ -39,6 +43,69 @@ def inputs(batch_heads: tuple[int, ...], t_q: int, t_k: int, head_dim: int, dtyp
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> torch.Tensor:
     """torch SDPA in float32 on the same (rounded) inputs."""
     return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=is_causal)
+
+
+
+class KernelCalls:
+    """Stands in for ``kernels.triton_flash_attention``: records its arguments and returns a
+    tensor no other implementation would return, so the caller's result shows who computed it."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool,
+                 scale: float) -> torch.Tensor:
+        self.calls.append({"q": q, "k": k, "v": v, "is_causal": is_causal, "scale": scale})
+        return torch.full((*q.shape[:-1], v.shape[-1]), 7.0, dtype=q.dtype)
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_auto_dispatches_to_the_triton_kernel_when_it_applies(
+        monkeypatch: pytest.MonkeyPatch, is_causal: bool) -> None:
+    kernel = KernelCalls()
+    monkeypatch.setattr(kernels, "flash_attention_applies", lambda q, k, v: True)
+    monkeypatch.setattr(kernels, "triton_flash_attention", kernel)
+    q, k, v = inputs((1, 2), 5, 7, 64, torch.float16, "cpu")
+    out = flash_attention(q, k, v, is_causal=is_causal, scale=0.3)  # backend="auto"
+    assert len(kernel.calls) == 1, "auto did not call the Triton entry point"
+    call = kernel.calls[0]
+    assert call["q"] is q and call["k"] is k and call["v"] is v
+    assert call["is_causal"] is is_causal and call["scale"] == 0.3
+    assert torch.equal(out, torch.full((1, 2, 5, 64), 7.0, dtype=torch.float16))
+    flash_attention(q, k, v)  # the default scale reaches the kernel as 1/sqrt(d_k)
+    assert kernel.calls[1]["scale"] == pytest.approx(1 / 8)
+
+
+def test_auto_runs_the_loop_when_the_kernel_does_not_apply(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    kernel = KernelCalls()
+    asked = []
+    monkeypatch.setattr(kernels, "flash_attention_applies",
+                        lambda q, k, v: asked.append(q.shape) or False)
+    monkeypatch.setattr(kernels, "triton_flash_attention", kernel)
+    q, k, v = inputs((1, 2), 5, 7, 64, torch.float32, "cpu")
+    out = flash_attention(q, k, v)
+    assert asked == [q.shape], "auto must ask whether the kernel applies"
+    assert not kernel.calls
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v))
+
+
+def test_torch_backend_never_calls_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    kernel = KernelCalls()
+    monkeypatch.setattr(kernels, "flash_attention_applies", lambda q, k, v: True)
+    monkeypatch.setattr(kernels, "triton_flash_attention", kernel)
+    q, k, v = inputs((1, 2), 5, 7, 64, torch.float32, "cpu")
+    out = flash_attention(q, k, v, backend="torch")
+    assert not kernel.calls
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v))
+    flash_attention(q, k, v, backend="triton")  # an explicit request goes to the kernel
+    assert len(kernel.calls) == 1
+
+
+def test_applies_only_on_cuda() -> None:
+    """On a CPU ``auto`` must not pick the kernel, even under the interpreter."""
+    q, k, v = inputs((1, 2), 5, 7, 64, torch.float16, "cpu")
+    assert not kernels.flash_attention_applies(q, k, v)
 
 
 @interpreter
@@ -99,6 +166,7 @@ def test_interpreted_kernel_refuses_what_it_does_not_support() -> None:
 
 
 @pytest.mark.gpu
+@needs_triton
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
@@ -118,6 +186,7 @@ def test_gpu_kernel_matches_sdpa(dtype: torch.dtype, head_dim: int, is_causal: b
 
 
 @pytest.mark.gpu
+@needs_triton
 def test_gpu_torch_loop_matches_sdpa() -> None:
     q, k, v = inputs((2, 4), 700, 900, 96, torch.bfloat16, "cuda")  # d = 96: the loop, not Triton
     assert not kernels.flash_attention_applies(q, k, v)
