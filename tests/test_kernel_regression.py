@@ -182,3 +182,47 @@ def test_type_errors() -> None:
         nadaraya_watson(torch.arange(3), torch.arange(3), torch.arange(3))
     with pytest.raises(ValueError, match="bandwidth must be positive"):
         NadarayaWatson(bandwidth=0.0)
+
+
+LEARNABLE = [k for k in KERNELS if k != "boxcar"]
+
+
+@pytest.mark.parametrize("kernel", LEARNABLE)
+@pytest.mark.parametrize("d", [1, 3])
+def test_bandwidth_gradient_is_finite_where_queries_coincide_with_keys(kernel: str, d: int) -> None:
+    """sqrt has an infinite derivative at 0: a query equal to a key must not give a NaN gradient,
+    with or without a mask over the coinciding pairs, and the gradient must be the true one."""
+    gen = torch.Generator().manual_seed(d)
+    x = torch.randn(12, d, generator=gen, dtype=torch.float64)
+    y = torch.randn(12, generator=gen, dtype=torch.float64)
+    queries = torch.cat([x[:5], torch.randn(3, d, generator=gen, dtype=torch.float64)])
+    for mask in (None, ~torch.eye(8, 12, dtype=torch.bool)):  # 5 queries sit on keys
+        h = torch.tensor(1.3, dtype=torch.float64, requires_grad=True)
+        pred, _ = nadaraya_watson(queries, x, y, kernel, h, mask=mask)
+        (grad,) = torch.autograd.grad(pred.sum(), h)
+        assert torch.isfinite(grad), (kernel, mask is None, grad)
+        assert torch.autograd.gradcheck(
+            lambda bw: nadaraya_watson(queries, x, y, kernel, bw, mask=mask)[0], (h,))
+
+
+@pytest.mark.parametrize("kernel", LEARNABLE)
+def test_leave_one_out_training_has_finite_gradients(kernel: str) -> None:
+    """The chapter's recipe: every point is a query and a key, the diagonal masked out."""
+    gen = torch.Generator().manual_seed(1)
+    x = torch.rand(40, generator=gen) * 5
+    y = torch.sin(x) + 0.1 * torch.randn(40, generator=gen)
+    model = NadarayaWatson(kernel, bandwidth=2.0)
+    loss = torch.nn.functional.mse_loss(model(x, x, y, mask=~torch.eye(40, dtype=torch.bool))[0], y)
+    loss.backward()
+    assert torch.isfinite(model.log_bandwidth.grad) and model.log_bandwidth.grad != 0
+
+
+def test_boxcar_refuses_to_train_but_evaluates() -> None:
+    x = torch.rand(10)
+    model = NadarayaWatson("boxcar", bandwidth=0.5)
+    with pytest.raises(RuntimeError, match="boxcar kernel cannot learn its bandwidth"):
+        model(x, x, x)
+    with torch.no_grad():
+        pred, _ = model(x, x, x)
+    model.log_bandwidth.requires_grad_(False)
+    assert torch.equal(model(x, x, x)[0], pred)
