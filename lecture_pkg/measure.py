@@ -1,6 +1,8 @@
 """Time a call and measure the peak memory it needs, on the CPU or a CUDA device.
 
-Every chapter's "cost and scale" section and every benchmark measures with these two functions.
+Every chapter's "cost and scale" section and every benchmark measures with these two functions;
+:func:`scaling` runs them for several implementations over growing input sizes (a chapter's cost
+table), and :class:`Scaling` fits how each cost grows.
 
 Peak memory is what an implementation allocates on top of what existed before the call:
 
@@ -17,15 +19,17 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import math
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Literal, TypeVar
 
 import torch
 
-__all__ = ["peak_memory", "wall_time"]
+__all__ = ["Scaling", "peak_memory", "scaling", "wall_time"]
 
 T = TypeVar("T")
 
@@ -95,3 +99,63 @@ def peak_memory(fn: Callable[[], T], device: torch.device | str = "cpu") -> tupl
     before = _resident_kib("VmRSS")
     result = fn()
     return result, (_resident_kib("VmHWM") - before) * 1024
+
+
+@dataclass
+class Scaling:
+    """Seconds and peak bytes of named implementations at growing sizes (see :func:`scaling`):
+    ``seconds[name][i]`` and ``memory[name][i]`` belong to ``sizes[i]``."""
+
+    sizes: list[int]
+    seconds: dict[str, list[float]]
+    memory: dict[str, list[int]]
+
+    def exponent(self, name: str, kind: Literal["time", "memory"] = "memory",
+                 last: int = 3) -> float:
+        """The e of cost ~ size^e: the least-squares slope of log cost against log size over the
+        ``last`` largest sizes (small sizes are dominated by fixed per-call costs)."""
+        costs = (self.seconds if kind == "time" else self.memory)[name][-last:]
+        if len(costs) < 2:
+            raise ValueError(f"fitting an exponent needs at least 2 sizes, got {len(costs)}")
+        xs = [math.log(n) for n in self.sizes[-last:]]
+        ys = [math.log(max(c, 1e-12)) for c in costs]  # a 0-byte peak counts as tiny, not -inf
+        mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
+        return (sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys))
+                / sum((x - mean_x) ** 2 for x in xs))
+
+    def table(self, kind: Literal["time", "memory"] = "memory", last: int = 3) -> str:
+        """A text table: one row per implementation, one column per size (milliseconds or MiB),
+        and the fitted exponent."""
+        unit, factor = ("ms", 1e3) if kind == "time" else ("MiB", 1 / 2**20)
+        costs = self.seconds if kind == "time" else self.memory
+        width = max(len(name) for name in costs) + 2
+        lines = [f"{kind + ' (' + unit + ')':<{width}}"
+                 + "".join(f"{'n=' + str(n):>9}" for n in self.sizes) + "  exponent"]
+        for name, values in costs.items():
+            lines.append(f"{name:<{width}}" + "".join(f"{factor * v:9.1f}" for v in values)
+                         + f"{self.exponent(name, kind, last):10.2f}")
+        return "\n".join(lines)
+
+
+def scaling(implementations: dict[str, Callable[[T], object]], make_input: Callable[[int], T],
+            sizes: list[int], device: torch.device | str = "cpu", repeats: int = 5,
+            cpu_threads: int | None = None) -> Scaling:
+    """Time (best of ``repeats``, :func:`wall_time`) and peak memory (:func:`peak_memory`) of
+    every ``implementations[name](x)`` for ``x = make_input(n)``, n in ``sizes``, after one
+    warm-up call each. Forward only: everything runs under ``torch.no_grad()``."""
+    sizes = list(sizes)
+    if not sizes or any(b <= a for a, b in zip(sizes, sizes[1:])):
+        raise ValueError(f"sizes must be a non-empty increasing list, got {sizes}")
+    if not implementations:
+        raise ValueError("implementations is empty: nothing to measure")
+    result = Scaling(sizes, {name: [] for name in implementations},
+                     {name: [] for name in implementations})
+    with torch.no_grad():
+        for n in sizes:
+            x = make_input(n)
+            for name, fn in implementations.items():
+                fn(x)  # first-call costs (allocator, kernel selection) are not the algorithm's
+                result.memory[name].append(peak_memory(lambda: fn(x), device)[1])
+                result.seconds[name].append(wall_time(lambda: fn(x), device, repeats, warmup=0,
+                                                      cpu_threads=cpu_threads))
+    return result

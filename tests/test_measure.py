@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from lecture_pkg.measure import peak_memory, wall_time
+from lecture_pkg.measure import Scaling, peak_memory, scaling, wall_time
 
 
 def test_peak_memory_sees_a_known_allocation() -> None:
@@ -41,3 +41,44 @@ def test_wall_time_pins_and_restores_cpu_threads() -> None:
     assert seen == [1, 1] and torch.get_num_threads() == before
     with pytest.raises(ValueError, match="cpu_threads"):
         wall_time(lambda: None, cpu_threads=0)
+
+
+def test_scaling_measures_every_implementation_and_fits_exponents() -> None:
+    def quadratic(n: int) -> float:
+        return torch.ones(n, n).sum().item()  # n^2 floats: 4, 16, 64 MiB
+
+    def linear(n: int) -> float:
+        return torch.ones(n, 1024).sum().item()  # n * 1024 floats: 4, 8, 16 MiB
+
+    result = scaling({"quadratic": quadratic, "linear": linear}, lambda n: n,
+                     [1024, 2048, 4096], repeats=2)
+    assert result.sizes == [1024, 2048, 4096]
+    assert all(len(result.seconds[name]) == len(result.memory[name]) == 3 for name in
+               ("quadratic", "linear"))
+    assert 60 * 2**20 < result.memory["quadratic"][-1] < 80 * 2**20
+    assert 1.8 < result.exponent("quadratic") < 2.2
+    assert 0.8 < result.exponent("linear") < 1.2
+    assert all(s > 0 for s in result.seconds["quadratic"] + result.seconds["linear"])
+    lines = result.table("memory").splitlines()
+    assert lines[0].split()[:2] == ["memory", "(MiB)"] and "n=4096" in lines[0]
+    assert [line.split()[0] for line in lines[1:]] == ["quadratic", "linear"]
+    assert result.table("time").startswith("time (ms)")
+
+
+def test_scaling_exponent_is_the_log_log_slope() -> None:
+    exact = Scaling([1, 2, 4, 8], seconds={"cubic": [9.0, 1.0, 8.0, 64.0]},
+                    memory={"cubic": [0, 2, 8, 32]})
+    assert exact.exponent("cubic", "time") == pytest.approx(3.0)  # the last 3 sizes only
+    assert exact.exponent("cubic", "memory") == pytest.approx(2.0)
+    assert exact.exponent("cubic", "time", last=4) != pytest.approx(3.0)
+    with pytest.raises(ValueError, match="at least 2"):
+        exact.exponent("cubic", last=1)
+
+
+def test_scaling_rejects_bad_sizes() -> None:
+    with pytest.raises(ValueError, match="increasing"):
+        scaling({"f": lambda n: n}, lambda n: n, [4, 2])
+    with pytest.raises(ValueError, match="increasing"):
+        scaling({"f": lambda n: n}, lambda n: n, [])
+    with pytest.raises(ValueError, match="empty"):
+        scaling({}, lambda n: n, [1, 2])
