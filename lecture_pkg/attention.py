@@ -404,17 +404,19 @@ def scaled_dot_product_attention(
     bias, allowed = _split_mask(attn_mask, is_causal, q, k.shape[-2])
 
     compute = _compute_dtype(q.dtype)
-    scores = (q.to(compute) * scale) @ k.to(compute).transpose(-2, -1)  # (..., t_q, t_k)
-    if bias is not None:
-        scores = scores + bias.to(compute)
-    if allowed is not None:
-        scores = scores.masked_fill(~allowed, torch.finfo(compute).min)
-    # torch.softmax is :func:`softmax` (max subtracted first) fused into one pass over memory.
-    weights = _blocked_to_zero(torch.softmax(scores, dim=-1), allowed)
-    if dropout_p > 0:
-        keep = torch.rand(weights.shape, generator=generator, device=weights.device) >= dropout_p
-        weights = weights * keep / (1 - dropout_p)
-    out = weights @ v.to(compute)
+    # Autocast would run the matmuls below in half precision again: the dtypes here are chosen.
+    with torch.autocast(q.device.type, enabled=False):
+        scores = (q.to(compute) * scale) @ k.to(compute).transpose(-2, -1)  # (..., t_q, t_k)
+        if bias is not None:
+            scores = scores + bias.to(compute)
+        if allowed is not None:
+            scores = scores.masked_fill(~allowed, torch.finfo(compute).min)
+        # torch.softmax is :func:`softmax` (max subtracted first) fused into one pass over memory.
+        weights = _blocked_to_zero(torch.softmax(scores, dim=-1), allowed)
+        if dropout_p > 0:
+            keep = torch.rand(weights.shape, generator=generator, device=weights.device) >= dropout_p
+            weights = weights * keep / (1 - dropout_p)
+        out = weights @ v.to(compute)
     return out.to(q.dtype), weights.to(q.dtype)
 
 
