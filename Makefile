@@ -1,6 +1,7 @@
-# make book : install (first time), execute every notebook and build the HTML book in _build/html
-# make test : install, unit tests, Triton kernel via its interpreter, nbval over every notebook,
-#             the book build, a headless browser check
+# make book : install (first time), execute every notebook (cached) and build the HTML book in _build/html
+# make test : install, unit tests (stored outputs current included), Triton kernel via its interpreter,
+#             nbval over every notebook (their one execution), the book build from the stored outputs,
+#             a headless browser check
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -8,7 +9,7 @@ INSTALLED := $(VENV)/.installed
 VENDORED := node_modules/.package-lock.json
 BUILD_FLAGS := -W -n --keep-going
 
-.PHONY: install book test unit nbval browser-check execute bench triton-check clean
+.PHONY: install book book-no-execute test unit nbval browser-check execute stamp bench triton-check clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -29,15 +30,34 @@ $(VENDORED): package.json package-lock.json
 	@if command -v npm >/dev/null; then npm ci --no-audit --no-fund --loglevel=error; \
 	else echo "npm not found: the built book will load its JavaScript from CDNs"; fi
 
+# Executes the notebooks through jupyter-cache (_build/.jupyter_cache): a second run with no change
+# to a notebook's code executes nothing.
 book: install
 	$(VENV)/bin/jupyter-book build . $(BUILD_FLAGS)
 
-# Re-execute the notebooks in place (stored outputs are committed).
-# NOTEBOOKS=book/06_transformer.ipynb re-executes just that one.
+# make test's build. nbval has just executed every notebook, so this build renders the stored outputs
+# (tests/test_notebook_freshness.py checks that they come from the current code) from a copy of
+# _config.yml with execution off. The local extension's path is relative to the config file.
+NO_EXECUTE_CONFIG := _build/config-no-execute.yml
+$(NO_EXECUTE_CONFIG): _config.yml $(INSTALLED)
+	@mkdir -p $(@D)
+	$(PY) -c 'import os, yaml; c = yaml.safe_load(open("_config.yml")); \
+	  c["execute"]["execute_notebooks"] = "off"; \
+	  c["sphinx"]["local_extensions"] = {k: os.path.relpath(v, "$(@D)") for k, v in c["sphinx"]["local_extensions"].items()}; \
+	  yaml.safe_dump(c, open("$@", "w"), sort_keys=False)'
+
+book-no-execute: install $(NO_EXECUTE_CONFIG)
+	$(VENV)/bin/jupyter-book build . $(BUILD_FLAGS) --config $(NO_EXECUTE_CONFIG)
+
+# Re-execute the notebooks in place (stored outputs are committed) and record in each one's metadata
+# the hashes of its code and of the lecture_pkg modules it imports (scripts/notebook_freshness.py).
+# NOTEBOOKS=book/06_transformer.ipynb re-executes just that one; `make stamp` records without running.
 NOTEBOOKS ?= book/[0-9]*.ipynb
 execute: install
-	$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace \
-	  --ExecutePreprocessor.timeout=120 $(NOTEBOOKS)
+	$(PY) scripts/notebook_freshness.py execute $(NOTEBOOKS)
+
+stamp: install
+	$(PY) scripts/notebook_freshness.py stamp $(NOTEBOOKS)
 
 unit: install
 	$(PY) -m pytest -m "not book" tests/
@@ -58,7 +78,7 @@ triton-check: install
 	$(PY) -c "import triton" 2>/dev/null || $(PY) -m pip install --quiet triton==3.9.0
 	TRITON_INTERPRET=1 $(PY) -m pytest -p no:cacheprovider tests/test_attention_triton.py
 
-test: unit triton-check nbval book browser-check
+test: unit triton-check nbval book-no-execute browser-check
 
 bench: install
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
