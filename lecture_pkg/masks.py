@@ -7,6 +7,8 @@ Boolean masks use True = "may attend", as torch's SDPA does. A mask is 2-D (t_q,
 * who may attend to whom: :func:`causal_mask`, :func:`padding_mask`, :func:`sliding_window_mask`,
   :func:`longformer_mask` (window + global tokens), :func:`bigbird_mask` (+ random keys),
   :func:`prefix_lm_mask`, and :func:`to_additive_mask` to add a mask to scores in any float dtype;
+* several documents packed into one row: :func:`packed_document_ids`, :func:`document_mask`
+  (block-diagonal) and :func:`position_ids` (restarting per document, or after left padding);
 * what the model must reconstruct: :func:`mlm_mask` (BERT's 80/10/10 corruption) and
   :func:`span_corruption` (T5's sentinel spans, built on :func:`apply_span_corruption`).
 """
@@ -23,8 +25,9 @@ from lecture_pkg.checks import check_bool_mask, check_int
 
 __all__ = [
     "IGNORE_INDEX", "T5_SENTINELS", "apply_span_corruption", "bigbird_mask", "broadcast_mask",
-    "causal_mask", "combine_masks", "longformer_mask", "mlm_mask", "padding_mask", "prefix_lm_mask",
-    "random_spans", "sliding_window_mask", "span_corruption", "to_additive_mask",
+    "causal_mask", "combine_masks", "document_mask", "longformer_mask", "mlm_mask",
+    "packed_document_ids", "padding_mask", "position_ids", "prefix_lm_mask", "random_spans",
+    "sliding_window_mask", "span_corruption", "to_additive_mask",
 ]
 
 Device = torch.device | str | None
@@ -67,13 +70,7 @@ def causal_mask(t_q: int, t_k: int | None = None, device: Device = None, *,
     return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril(diagonal=offset)
 
 
-def padding_mask(lengths: Tensor | Sequence[int], max_len: int | None = None) -> Tensor:
-    """(batch, max_len) bool mask, True at the real tokens of right-padded sequences.
-
-    lengths: (batch,) integer lengths; ``max_len`` defaults to the longest. The mask follows the
-    device of ``lengths``. To mask padded *keys* in attention, index it as ``mask[:, None, None, :]``
-    (batch, 1, 1, t_k); rows of padded queries are computed but a loss must ignore them.
-    """
+def _check_lengths(lengths: Tensor | Sequence[int], max_len: int | None) -> tuple[Tensor, int]:
     lengths = torch.as_tensor(lengths)
     if lengths.dim() != 1 or lengths.is_floating_point() or lengths.dtype == torch.bool:
         raise ValueError(f"lengths must be a 1-D integer tensor (batch,), got {lengths.dtype} "
@@ -83,7 +80,26 @@ def padding_mask(lengths: Tensor | Sequence[int], max_len: int | None = None) ->
     check_int("max_len", max_len)
     if len(lengths) and (int(lengths.min()) < 0 or int(lengths.max()) > max_len):
         raise ValueError(f"lengths must lie in [0, max_len={max_len}], got {lengths.tolist()}")
-    return torch.arange(max_len, device=lengths.device)[None, :] < lengths[:, None]
+    return lengths, max_len
+
+
+def padding_mask(lengths: Tensor | Sequence[int], max_len: int | None = None,
+                 side: Literal["right", "left"] = "right") -> Tensor:
+    """(batch, max_len) bool mask, True at the real tokens of padded sequences.
+
+    lengths: (batch,) integer lengths; ``max_len`` defaults to the longest. ``side`` says where
+    the padding goes: "right" (after the tokens, for training) or "left" (before them, so that
+    prompts of a generation batch all end at the last position). The mask follows the device of
+    ``lengths``. To mask padded *keys* in attention, index it as ``mask[:, None, None, :]``
+    (batch, 1, 1, t_k); rows of padded queries are computed but a loss must ignore them.
+    """
+    lengths, max_len = _check_lengths(lengths, max_len)
+    if side not in ("right", "left"):
+        raise ValueError(f"side must be 'right' or 'left', got {side!r}")
+    positions = torch.arange(max_len, device=lengths.device)[None, :]
+    if side == "left":
+        return positions >= max_len - lengths[:, None]
+    return positions < lengths[:, None]
 
 
 def sliding_window_mask(t: int, window: int, causal: bool = False, device: Device = None) -> Tensor:
@@ -151,6 +167,72 @@ def prefix_lm_mask(t: int, prefix_len: int, device: Device = None) -> Tensor:
     return causal_mask(t, device=device) | (j < prefix_len)
 
 
+# ---------------------------------------------------------------------------------------------
+# Several documents in one row: sequence packing
+# ---------------------------------------------------------------------------------------------
+
+def packed_document_ids(lengths: Sequence[int] | Tensor, max_len: int | None = None) -> Tensor:
+    """(max_len,) document index of every position when documents of the given lengths are
+    packed one after the other into one row, -1 at the padding that fills the row up.
+
+    E.g. lengths (3, 2) and max_len 6 give [0, 0, 0, 1, 1, -1]. ``max_len`` defaults to the sum.
+    """
+    lengths, _ = _check_lengths(lengths, None)
+    total = int(lengths.sum())
+    max_len = total if max_len is None else check_int("max_len", max_len)
+    if total > max_len:
+        raise ValueError(f"documents of {total} tokens in all do not fit in max_len={max_len}")
+    ids = torch.repeat_interleave(torch.arange(len(lengths), device=lengths.device), lengths)
+    return torch.cat([ids, ids.new_full((max_len - total,), -1)])
+
+
+def _check_document_ids(document_ids: Tensor) -> Tensor:
+    if not isinstance(document_ids, Tensor) or document_ids.is_floating_point() \
+            or document_ids.is_complex() or document_ids.dtype == torch.bool:
+        got = document_ids.dtype if isinstance(document_ids, Tensor) else type(document_ids)
+        raise TypeError(f"document_ids must be an integer tensor (t,) or (batch, t), got {got}")
+    if document_ids.dim() not in (1, 2):
+        raise ValueError(f"document_ids must be (t,) or (batch, t), got shape "
+                         f"{tuple(document_ids.shape)}")
+    for row in document_ids.reshape(-1, document_ids.shape[-1]) if document_ids.numel() else ():
+        real = row[row >= 0]
+        runs = int((real[1:] != real[:-1]).sum()) + 1 if len(real) else 0
+        if runs != len(real.unique()):
+            raise ValueError(f"each document must occupy one contiguous run of positions, got "
+                             f"document_ids {row.tolist()}")
+    return document_ids
+
+
+def document_mask(document_ids: Tensor, causal: bool = True) -> Tensor:
+    """Block-diagonal mask of packed documents: query i may attend to key j only when both belong
+    to the same document (and j <= i if ``causal``), so packed documents never see each other.
+
+    document_ids: (t,) or (batch, t) integers, each document one contiguous run, negative at
+    padding (never attended; a padding query attends to nothing). Returns (t, t) or
+    (batch, t, t) bool, True = may attend.
+    """
+    ids = _check_document_ids(document_ids)
+    same = (ids[..., :, None] == ids[..., None, :]) & (ids[..., None, :] >= 0)
+    return same & causal_mask(ids.shape[-1], device=ids.device) if causal else same
+
+
+def position_ids(document_ids: Tensor) -> Tensor:
+    """Position of every token inside its own document: 0, 1, 2, ... restarting where a new
+    document starts, 0 at padding (negative ids). Same shape as ``document_ids``, (t,) or
+    (batch, t).
+
+    With packing, each document then gets the positions it would have alone; with left padding
+    (ids -1 for the padding, then 0 for the prompt) the first real token gets position 0 instead
+    of its column index.
+    """
+    ids = _check_document_ids(document_ids)
+    index = torch.arange(ids.shape[-1], device=ids.device).expand_as(ids)
+    starts = torch.ones_like(ids, dtype=torch.bool)
+    starts[..., 1:] = ids[..., 1:] != ids[..., :-1]
+    run_start = torch.where(starts, index, 0).cummax(dim=-1).values
+    return (index - run_start).masked_fill(ids < 0, 0)
+
+
 def _as_4d(mask: Tensor, name: str) -> Tensor:
     check_bool_mask(name, mask)
     if mask.dim() == 2:  # (t_q, t_k)
@@ -203,9 +285,14 @@ def combine_masks(*masks: Tensor) -> Tensor:
 
 
 def to_additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
-    """Bool mask (True = may attend) -> float mask to add to scores: 0 where allowed and
-    ``torch.finfo(dtype).min`` where blocked (finite, so fp16/bf16 never overflow to -inf - -inf
-    = NaN; a constant such as −10⁹ would overflow fp16, whose most negative value is -65504)."""
+    """Bool mask (True = may attend) -> float mask M to add to scores: 0 where allowed and
+    ``torch.finfo(dtype).min`` where blocked (a constant such as -10^9 would not even fit in
+    fp16, whose most negative value is -65504).
+
+    Adding is not as safe as ``masked_fill``: s + finfo.min rounds to -inf once s is a little
+    below 0 (in fp16 for s < -16), and a row whose every score does that gives NaN. Add the mask
+    in float32, or fill the blocked scores with ``masked_fill`` instead.
+    """
     check_bool_mask("mask", mask)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating dtype, got {dtype}")
@@ -216,6 +303,22 @@ def to_additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
 # ---------------------------------------------------------------------------------------------
 # What the model must reconstruct: BERT's and T5's corruptions
 # ---------------------------------------------------------------------------------------------
+
+def _check_mlm_arguments(input_ids: Tensor, vocab_size: int, mask_token_id: int,
+                         mlm_probability: float) -> None:
+    if not isinstance(input_ids, Tensor) or input_ids.is_floating_point() \
+            or input_ids.is_complex() or input_ids.dtype == torch.bool:
+        got = input_ids.dtype if isinstance(input_ids, Tensor) else type(input_ids).__name__
+        raise TypeError(f"input_ids must be an integer tensor, got {got}")
+    check_int("vocab_size", vocab_size, minimum=1)
+    if not isinstance(mask_token_id, int) or not 0 <= mask_token_id < vocab_size:
+        raise ValueError(f"mask_token_id must be an id in [0, {vocab_size}), got {mask_token_id!r}")
+    if not 0.0 <= mlm_probability <= 1.0:
+        raise ValueError(f"mlm_probability must lie in [0, 1], got {mlm_probability}")
+    if input_ids.numel() and not (0 <= int(input_ids.min()) and int(input_ids.max()) < vocab_size):
+        raise ValueError(f"input_ids must lie in [0, vocab_size={vocab_size}), found ids in "
+                         f"[{int(input_ids.min())}, {int(input_ids.max())}]")
+
 
 def mlm_mask(input_ids: Tensor, vocab_size: int, mask_token_id: int,
              special_token_ids: Iterable[int] = (), mlm_probability: float = 0.15,
@@ -233,19 +336,7 @@ def mlm_mask(input_ids: Tensor, vocab_size: int, mask_token_id: int,
     the order HF transformers' ``DataCollatorForLanguageModeling`` draws them, so both give the
     same corruption from the same generator state.
     """
-    if not isinstance(input_ids, Tensor) or input_ids.is_floating_point() or input_ids.is_complex() \
-            or input_ids.dtype == torch.bool:
-        got = input_ids.dtype if isinstance(input_ids, Tensor) else type(input_ids).__name__
-        raise TypeError(f"input_ids must be an integer tensor, got {got}")
-    check_int("vocab_size", vocab_size, minimum=1)
-    if not isinstance(mask_token_id, int) or not 0 <= mask_token_id < vocab_size:
-        raise ValueError(f"mask_token_id must be an id in [0, {vocab_size}), got {mask_token_id!r}")
-    if not 0.0 <= mlm_probability <= 1.0:
-        raise ValueError(f"mlm_probability must lie in [0, 1], got {mlm_probability}")
-    if input_ids.numel() and not (0 <= int(input_ids.min()) and int(input_ids.max()) < vocab_size):
-        raise ValueError(f"input_ids must lie in [0, vocab_size={vocab_size}), found ids in "
-                         f"[{int(input_ids.min())}, {int(input_ids.max())}]")
-
+    _check_mlm_arguments(input_ids, vocab_size, mask_token_id, mlm_probability)
     draw_device = generator.device if generator is not None else input_ids.device
     ids = input_ids.to(draw_device)
     special = torch.isin(ids, torch.tensor(list(special_token_ids), dtype=ids.dtype,

@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 from lecture_pkg.masks import (
     IGNORE_INDEX, T5_SENTINELS, apply_span_corruption, bigbird_mask, broadcast_mask, causal_mask,
-    combine_masks, longformer_mask, mlm_mask, padding_mask, prefix_lm_mask, random_spans,
-    sliding_window_mask, span_corruption, to_additive_mask,
+    combine_masks, document_mask, longformer_mask, mlm_mask, packed_document_ids, padding_mask,
+    position_ids, prefix_lm_mask, random_spans, sliding_window_mask, span_corruption,
+    to_additive_mask,
 )
 
 sizes = st.integers(min_value=1, max_value=12)
@@ -300,6 +301,32 @@ def test_random_spans_counts_match_t5_formula() -> None:
             assert all(a < b < c for (a, b), (c, _) in zip(spans, spans[1:]))  # gaps between
 
 
+@pytest.mark.parametrize("length", [2, 3, 4, 5, 10, 17, 64])
+@pytest.mark.parametrize("density", [0.01, 0.1, 0.5, 0.9, 0.99])
+@pytest.mark.parametrize("mean", [1.0, 1.5, 3.0, 10.0, 100.0])
+def test_random_spans_counts_at_extreme_settings(length: int, density: float, mean: float) -> None:
+    """The noise count is round(length * density), clipped to [1, length - 1], whatever the span
+    length: at high density with short spans there are fewer kept tokens than wanted spans, and
+    the number of spans must give way (at most one span per kept run), not the noise count."""
+    noise = min(max(round(length * density), 1), length - 1)
+    wanted_spans = max(round(noise / mean), 1)
+    for seed in range(3):
+        spans = random_spans(length, density, mean, generator=torch.Generator().manual_seed(seed))
+        assert sum(b - a for a, b in spans) == noise, spans
+        assert len(spans) == min(wanted_spans, length - noise), spans
+        assert spans[0][0] >= 1 and spans[-1][1] == length          # a kept run first, a span last
+        assert all(a < b for a, b in spans)                          # no empty span
+        assert all(b < c for (_, b), (c, _) in zip(spans, spans[1:]))  # a kept run between spans
+
+
+def test_random_spans_high_density_short_spans_example() -> None:
+    # 9 noise tokens wanted, 9 spans of length 1 would need 9 kept tokens between them: only 1 is
+    # left, so all 9 noise tokens form one span after it
+    assert random_spans(10, 0.9, 1.0, generator=torch.Generator().manual_seed(0)) == [(1, 10)]
+    spans = random_spans(10, 0.6, 1.0, generator=torch.Generator().manual_seed(0))
+    assert sum(b - a for a, b in spans) == 6 and len(spans) == 4
+
+
 def test_span_corruption_density_and_mean_length_over_many_samples() -> None:
     g = torch.Generator().manual_seed(0)
     noise = spans = total = 0
@@ -379,3 +406,66 @@ def test_causal_mask_bottom_right_alignment() -> None:
     assert torch.equal(causal_mask(4, 4, align="bottom-right"), causal_mask(4, 4))
     with pytest.raises(ValueError, match="align"):
         causal_mask(2, 5, align="left")
+
+
+# --- sequence packing and position ids ----------------------------------------------------------
+
+@given(lengths=st.lists(st.integers(0, 6), min_size=1, max_size=5), extra=st.integers(0, 4),
+       causal=st.booleans())
+def test_document_mask_and_position_ids_match_loops(lengths: list[int], extra: int,
+                                                    causal: bool) -> None:
+    ids = packed_document_ids(lengths, sum(lengths) + extra)
+    owner = [d for d, n in enumerate(lengths) for _ in range(n)] + [-1] * extra
+    assert ids.tolist() == owner
+    t = len(owner)
+    expected = loop_mask(t, t, lambda i, j: owner[i] == owner[j] >= 0 and (j <= i or not causal))
+    assert torch.equal(document_mask(ids, causal=causal), expected)
+    starts = {d: owner.index(d) for d in set(owner) if d >= 0}
+    assert position_ids(ids).tolist() == [i - starts[d] if d >= 0 else 0
+                                          for i, d in enumerate(owner)]
+
+
+def test_packed_attention_equals_each_document_alone() -> None:
+    from lecture_pkg.attention import scaled_dot_product_attention
+    g = torch.Generator().manual_seed(0)
+    lengths, t = [3, 5, 2], 12
+    ids = packed_document_ids(lengths, t)
+    q, k, v = (torch.randn(2, t, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    packed, _ = scaled_dot_product_attention(q, k, v, attn_mask=document_mask(ids))
+    start = 0
+    for n in lengths:
+        doc = slice(start, start + n)
+        alone, _ = scaled_dot_product_attention(q[:, doc], k[:, doc], v[:, doc], is_causal=True)
+        assert torch.allclose(packed[:, doc], alone, atol=1e-12)
+        start += n
+    assert (packed[:, start:] == 0).all()     # padding queries attend to nothing: zero rows
+    # without the document mask, a plain causal mask lets document 1 read document 0
+    leaky, _ = scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert not torch.allclose(leaky[:, 3:8], packed[:, 3:8])
+
+
+def test_position_ids_under_left_padding_match_hf_formula() -> None:
+    lengths = torch.tensor([2, 5, 0, 4])
+    real = padding_mask(lengths, 6, side="left")
+    assert real.tolist()[0] == [False] * 4 + [True] * 2
+    ids = torch.where(real, 0, -1)                    # one document per row after the padding
+    ours = position_ids(ids)
+    # HF's generate: position_ids = attention_mask.cumsum(-1) - 1, padding filled with 1
+    hf = (real.long().cumsum(-1) - 1).masked_fill(~real, 1)
+    assert torch.equal(ours[real], hf[real]) and (ours[~real] == 0).all()
+    assert ours[1].tolist() == [0, 0, 1, 2, 3, 4]
+    assert torch.equal(padding_mask(lengths, 6, side="left"),
+                       padding_mask(lengths, 6).flip(-1))
+
+
+def test_packing_errors_name_the_problem() -> None:
+    with pytest.raises(ValueError, match="one contiguous run"):
+        document_mask(torch.tensor([0, 1, 0]))
+    with pytest.raises(TypeError, match="document_ids must be an integer tensor"):
+        position_ids(torch.tensor([0.0, 1.0]))
+    with pytest.raises(ValueError, match=r"\(t,\) or \(batch, t\)"):
+        document_mask(torch.zeros(1, 2, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="do not fit in max_len=4"):
+        packed_document_ids([3, 2], 4)
+    with pytest.raises(ValueError, match="side must be"):
+        padding_mask([1, 2], side="middle")
