@@ -25,6 +25,11 @@ to right. This rule reproduces the lecture's merge order.
 **Applying merges.** A word is split into its initial symbols; then, as long as some adjacent pair
 is a learned merge, the pair with the lowest rank (the earliest-learned merge) is merged, the
 leftmost one if it occurs twice. This is GPT-2's rule and HuggingFace ``tokenizers``' rule.
+A pair listed twice in a merges list keeps its first (best) rank.
+
+**Special tokens** (``<|endoftext|>``, ``[CLS]``, ...) are cut out of the text before anything
+else (:func:`split_on_special_tokens`), so they are never merged or split; the WordPiece
+(:mod:`lecture_pkg.wordpiece`) and Unigram (:mod:`lecture_pkg.unigram`) tokenizers share this.
 """
 
 from __future__ import annotations
@@ -44,9 +49,10 @@ from typing import Any, TypeVar
 from lecture_pkg.checks import check_int
 
 __all__ = [
-    "GPT2_PATTERN", "ByteLevelBPE", "apply_bpe", "bpe_steps", "bytes_to_unicode", "gpt2_pattern",
-    "iter_merges", "iter_merges_recount", "learn_bpe", "learned_vocabulary", "merge_pair",
-    "pair_counts", "pretokenize", "word_counts",
+    "GPT2_PATTERN", "ByteLevelBPE", "apply_bpe", "bpe_steps", "bytes_to_unicode",
+    "check_special_tokens", "check_token_ids", "gpt2_pattern", "iter_merges", "iter_merges_recount", "learn_bpe",
+    "learned_vocabulary", "merge_pair", "pair_counts", "pretokenize", "split_on_special_tokens",
+    "word_counts",
 ]
 
 Pair = tuple[str, str]
@@ -70,15 +76,17 @@ def pair_counts(segmentations: Sequence[Sequence[str]], counts: Sequence[int]) -
     return totals
 
 
-def merge_pair(symbols: Sequence[str], pair: Pair) -> list[str]:
+def merge_pair(symbols: Sequence[str], pair: Pair, *, into: str | None = None) -> list[str]:
     """Replace every occurrence of ``pair`` in ``symbols`` by one symbol, scanning left to right
-    (so ``a a a`` with the pair ``(a, a)`` becomes ``aa a``)."""
+    (so ``a a a`` with the pair ``(a, a)`` becomes ``aa a``). The new symbol is ``into``, by
+    default the concatenation of the pair (WordPiece drops the ``##`` of the second half)."""
     first, second = pair
+    merged = first + second if into is None else into
     out: list[str] = []
     i = 0
     while i < len(symbols):
         if symbols[i] == first and i + 1 < len(symbols) and symbols[i + 1] == second:
-            out.append(first + second)
+            out.append(merged)
             i += 2
         else:
             out.append(symbols[i])
@@ -292,20 +300,27 @@ def _lowest_rank_merges(symbols: list[S], table: Mapping[tuple[S, S], tuple[int,
         yield rank
 
 
-def bpe_steps(word: str, merges: Sequence[Pair], end_of_word: str = "</w>") -> Iterator[tuple[Pair, list[str]]]:
-    """Yield ``(merge, segmentation)`` after each merge :func:`apply_bpe` makes on ``word``."""
+def _check_segmentation_args(word: str, merges: Sequence[Pair], end_of_word: str) -> list[Pair]:
+    """The checks of :func:`bpe_steps`; returns the merges as a list of tuples."""
     if not isinstance(word, str):
         raise TypeError(f"word must be a str, got {type(word).__name__}")
     if not word:
         raise ValueError("word must be a non-empty str")
     _check_end_of_word(end_of_word)
-    pairs: list[Pair] = []
-    table: dict[Pair, tuple[int, str]] = {}   # pair -> (rank, merged symbol)
     for rank, pair in enumerate(merges):
-        if not (isinstance(pair, tuple | list) and len(pair) == 2 and all(isinstance(s, str) and s for s in pair)):
+        if not (isinstance(pair, tuple | list) and len(pair) == 2
+                and all(isinstance(s, str) and s for s in pair)):
             raise TypeError(f"merges[{rank}] must be a pair of non-empty str, got {pair!r}")
-        pairs.append((pair[0], pair[1]))
-        table.setdefault(pairs[-1], (rank, pair[0] + pair[1]))   # a pair listed twice keeps its best rank
+    return [(a, b) for a, b in merges]
+
+
+def bpe_steps(word: str, merges: Sequence[Pair],
+              end_of_word: str = "</w>") -> Iterator[tuple[Pair, list[str]]]:
+    """Yield ``(merge, segmentation)`` after each merge :func:`apply_bpe` makes on ``word``."""
+    pairs = _check_segmentation_args(word, merges, end_of_word)
+    table: dict[Pair, tuple[int, str]] = {}   # pair -> (rank, merged symbol)
+    for rank, (a, b) in enumerate(pairs):
+        table.setdefault((a, b), (rank, a + b))   # a pair listed twice keeps its best rank
     symbols = _symbols(word, end_of_word)
     for rank in _lowest_rank_merges(symbols, table):
         yield pairs[rank], list(symbols)
@@ -316,6 +331,46 @@ def apply_bpe(word: str, merges: Sequence[Pair], end_of_word: str = "</w>") -> l
     ``end_of_word`` and keep merging the lowest-ranked adjacent pair, the leftmost on a tie."""
     steps = list(bpe_steps(word, merges, end_of_word))
     return steps[-1][1] if steps else _symbols(word, end_of_word)
+
+
+# --------------------------------------------------------------------------------------------
+# Special tokens: matched in the raw text first, so no merge ever reaches into them
+# --------------------------------------------------------------------------------------------
+
+
+def check_special_tokens(special_tokens: Iterable[str]) -> list[str]:
+    """``special_tokens`` as a list of distinct non-empty strings (TypeError/ValueError else)."""
+    if isinstance(special_tokens, str):
+        raise TypeError("special_tokens must be a sequence of str, got one str")
+    tokens = list(special_tokens)
+    for k, token in enumerate(tokens):
+        if not isinstance(token, str) or not token:
+            raise TypeError(f"special_tokens[{k}] must be a non-empty str, got {token!r}")
+    if len(set(tokens)) != len(tokens):
+        raise ValueError(f"special_tokens has duplicates: {tokens}")
+    return tokens
+
+
+def check_token_ids(ids: Iterable[int], vocab_size: int) -> list[int]:
+    """``ids`` (a list, tensor or array) as a list of ints in [0, vocab_size); ValueError else."""
+    ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+    for i in ids:
+        if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < vocab_size:
+            raise ValueError(f"ids must be ints in [0, {vocab_size}), got {i!r}")
+    return ids
+
+
+def split_on_special_tokens(text: str, special_tokens: Sequence[str]) -> list[tuple[str, bool]]:
+    """Cut ``text`` into ``(piece, is_special)``: every occurrence of a special token (leftmost
+    first, the longest where two start at the same place, as HF ``tokenizers`` matches added
+    tokens) and the ordinary text between them. Empty pieces are left out."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    if not special_tokens:
+        return [(text, False)] if text else []
+    pattern = "|".join(re.escape(t) for t in sorted(special_tokens, key=len, reverse=True))
+    pieces = re.split(f"({pattern})", text)   # odd positions hold the matched special tokens
+    return [(piece, k % 2 == 1) for k, piece in enumerate(pieces) if piece]
 
 
 # --------------------------------------------------------------------------------------------
@@ -410,23 +465,29 @@ class ByteLevelBPE:
 
     Ids 0..255 are the byte values; each merge that builds a new string adds the next id. Tokens
     are written as strings over :func:`bytes_to_unicode`'s alphabet (``Ġthe`` is the bytes of
-    `` the``), as in GPT-2's vocabulary files.
+    `` the``), as in GPT-2's vocabulary files. Special tokens (GPT-2's ``<|endoftext|>``) take the
+    last ids; they are cut out of the text before pre-tokenization, in training and in encoding,
+    so they are never merged with their neighbours nor split into bytes.
 
     >>> tok = ByteLevelBPE().train("low lower newest widest " * 50, vocab_size=270)
     >>> tok.decode(tok.encode("lowest 😊")) == "lowest 😊"
     True
     """
 
-    def __init__(self, merges: Iterable[Sequence[str]] = (), cache_size: int = 100_000) -> None:
+    def __init__(self, merges: Iterable[Sequence[str]] = (), cache_size: int = 100_000, *,
+                 special_tokens: Iterable[str] = ()) -> None:
         """merges: pairs of token strings, best first; cache_size: how many pre-tokens'
-        encodings to remember (encoding cost is mostly spent on the first sight of a pre-token)."""
+        encodings to remember (encoding cost is mostly spent on the first sight of a pre-token);
+        special_tokens: strings that always encode to one id each, after the merges' ids."""
         self.cache_size = check_int("cache_size", cache_size, 0)
+        self.special_tokens = check_special_tokens(special_tokens)
         self._reset()
         for k, pair in enumerate(merges):
             if not (isinstance(pair, Sequence) and not isinstance(pair, str) and len(pair) == 2
                     and all(isinstance(s, str) and s in self._ids for s in pair)):
                 raise ValueError(f"merges[{k}] = {pair!r} is not a pair of tokens known at that point")
             self._add_merge((pair[0], pair[1]))
+        self._add_special_tokens()
 
     def _reset(self) -> None:
         byte_chars = bytes_to_unicode()
@@ -436,6 +497,15 @@ class ByteLevelBPE:
         self._ids = {token: i for i, token in enumerate(self.vocab)}
         self._table: dict[tuple[int, int], tuple[int, int]] = {}       # (id, id) -> (rank, id)
         self._cache: dict[str, list[int]] = {}
+        self._special_ids: dict[str, int] = {}
+
+    def _add_special_tokens(self) -> None:
+        for token in self.special_tokens:
+            if token in self._ids:
+                raise ValueError(f"special token {token!r} is also an ordinary token of the vocabulary")
+            self._special_ids[token] = self._ids[token] = len(self.vocab)
+            self.vocab.append(token)
+            self._bytes.append(token.encode("utf-8"))
 
     def _add_merge(self, pair: Pair) -> None:
         key = (self._ids[pair[0]], self._ids[pair[1]])
@@ -455,18 +525,20 @@ class ByteLevelBPE:
 
     def train(self, text: str, vocab_size: int) -> ByteLevelBPE:
         """Learn merges on ``text`` (replacing any earlier ones) until the vocabulary holds
-        ``vocab_size`` tokens or no pair is left. Pre-tokens are counted in order of first
-        appearance, which decides ties. Returns ``self``."""
-        if not isinstance(text, str):
-            raise TypeError(f"text must be a str, got {type(text).__name__}")
-        check_int("vocab_size", vocab_size, 256)  # at least one token per byte
+        ``vocab_size`` tokens, special tokens included, or no pair is left. Pre-tokens are counted
+        in order of first appearance, which decides ties; special tokens in ``text`` are cut out
+        first, so no merge reaches into them. Returns ``self``."""
+        check_int("vocab_size", vocab_size, 256 + len(self.special_tokens))  # one token per byte
         byte_chars = bytes_to_unicode()
-        pieces = Counter(pretokenize(text))
+        pieces = Counter(p for chunk, special in split_on_special_tokens(text, self.special_tokens)
+                         if not special for p in pretokenize(chunk))
         words = [[byte_chars[b] for b in piece.encode("utf-8")] for piece in pieces]
         self._reset()
         merges = iter_merges(words, list(pieces.values()))
-        while self.vocab_size < vocab_size and (pair := next(merges, None)) is not None:
+        n_ordinary = vocab_size - len(self.special_tokens)
+        while len(self.vocab) < n_ordinary and (pair := next(merges, None)) is not None:
             self._add_merge(pair)
+        self._add_special_tokens()
         return self
 
     def _encode_piece(self, piece: str) -> list[int]:
@@ -478,6 +550,15 @@ class ByteLevelBPE:
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` (any Unicode string without lone surrogates)."""
         ids: list[int] = []
+        for chunk, special in split_on_special_tokens(text, self.special_tokens):
+            if special:
+                ids.append(self._special_ids[chunk])
+            else:
+                self._encode_ordinary(chunk, ids)
+        return ids
+
+    def _encode_ordinary(self, text: str, ids: list[int]) -> None:
+        """Append the ids of ``text``, which holds no special token, to ``ids``."""
         cache = self._cache
         for piece in pretokenize(text):
             piece_ids = cache.get(piece)
@@ -486,7 +567,6 @@ class ByteLevelBPE:
                 if len(cache) < self.cache_size:
                     cache[piece] = piece_ids
             ids.extend(piece_ids)
-        return ids
 
     def tokens(self, text: str) -> list[str]:
         """The tokens of ``text`` as strings over the byte alphabet (``Ġ`` is a space)."""
@@ -494,20 +574,15 @@ class ByteLevelBPE:
 
     def decode(self, ids: Iterable[int]) -> str:
         """Text of ``ids``; byte sequences that are not valid UTF-8 become U+FFFD."""
-        if hasattr(ids, "tolist"):                 # a tensor or an array
-            ids = ids.tolist()
-        chunks = []
-        for i in ids:
-            if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < self.vocab_size:
-                raise ValueError(f"ids must be ints in [0, {self.vocab_size}), got {i!r}")
-            chunks.append(self._bytes[i])
-        return b"".join(chunks).decode("utf-8", errors="replace")
+        ids = check_token_ids(ids, self.vocab_size)
+        return b"".join(self._bytes[i] for i in ids).decode("utf-8", errors="replace")
 
     def save(self, path: str | PathLike) -> None:
         """Write the merges to a JSON file (the vocabulary follows from them)."""
         with open(path, "w", encoding="utf-8") as f:
             json.dump({"format": "lecture_pkg.ByteLevelBPE", "version": 1,
-                       "merges": [list(pair) for pair in self.merges]}, f, ensure_ascii=False, indent=0)
+                       "merges": [list(pair) for pair in self.merges],
+                       "special_tokens": self.special_tokens}, f, ensure_ascii=False, indent=0)
 
     @classmethod
     def load(cls, path: str | PathLike) -> ByteLevelBPE:
@@ -516,7 +591,7 @@ class ByteLevelBPE:
             data = json.load(f)
         if not isinstance(data, dict) or data.get("format") != "lecture_pkg.ByteLevelBPE":
             raise ValueError(f"{path} is not a file written by ByteLevelBPE.save")
-        return cls(data["merges"])
+        return cls(data["merges"], special_tokens=data.get("special_tokens", ()))
 
     def to_hf_tokenizer(self) -> Any:
         """A ``tokenizers.Tokenizer`` that encodes every text to the same ids and decodes alike.
@@ -534,7 +609,9 @@ class ByteLevelBPE:
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ])
         tokenizer.decoder = decoders.ByteLevel()
+        tokenizer.add_special_tokens(self.special_tokens)   # matched before pre-tokenization
         return tokenizer
 
     def __repr__(self) -> str:
-        return f"ByteLevelBPE(vocab_size={self.vocab_size}, merges={len(self.merges)})"
+        specials = f", special_tokens={self.special_tokens}" if self.special_tokens else ""
+        return f"ByteLevelBPE(vocab_size={self.vocab_size}, merges={len(self.merges)}{specials})"

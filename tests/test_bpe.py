@@ -13,7 +13,7 @@ from tokenizers import pre_tokenizers
 
 from lecture_pkg.bpe import (
     ByteLevelBPE, apply_bpe, bpe_steps, bytes_to_unicode, iter_merges, iter_merges_recount, learn_bpe,
-    learned_vocabulary, merge_pair, pair_counts, pretokenize, word_counts,
+    learned_vocabulary, merge_pair, pair_counts, pretokenize, split_on_special_tokens, word_counts,
 )
 from lecture_pkg.data import pydoc_topics
 
@@ -78,6 +78,7 @@ def test_merge_pair_is_left_to_right() -> None:
     assert merge_pair(list("aaa"), ("a", "a")) == ["aa", "a"]
     assert merge_pair(list("abab"), ("a", "b")) == ["ab", "ab"]
     assert merge_pair(list("ba"), ("a", "b")) == ["b", "a"]
+    assert merge_pair(["a", "##b", "a"], ("a", "##b"), into="ab") == ["ab", "a"]
 
 
 # ---------------------------------------------------------------- trainers
@@ -240,6 +241,38 @@ def test_byte_level_repeated_merge_keeps_its_earliest_rank() -> None:
         assert hf.encode(text).ids == tok.encode(text)
 
 
+def test_special_tokens_are_never_merged() -> None:
+    """GPT-2's <|endoftext|>: cut out before pre-tokenization, so training never merges into it and
+    encoding gives it one id (the last ones), in our class and in the HF export alike."""
+    eot = "<|endoftext|>"
+    text = (pydoc_topics()[:300] + eot) * 20
+    tok = ByteLevelBPE(special_tokens=[eot, "<|pad|>"]).train(text, vocab_size=400)
+    assert tok.vocab_size == 256 + len(tok.merges) + 2 and tok.vocab[-2:] == [eot, "<|pad|>"]
+    assert not any("|" in a + b for a, b in tok.merges)        # "|" occurs only inside the specials
+    probe = f"end.{eot}Start <|pad|>{eot}< |endoftext|>"
+    ids = tok.encode(probe)
+    eot_id, pad_id = tok.vocab_size - 2, tok.vocab_size - 1
+    assert ids.count(eot_id) == 2 and ids.count(pad_id) == 1 and tok.decode(ids) == probe
+    assert tok.encode("< |endoftext|>") == ids[-len(tok.encode("< |endoftext|>")):]   # no match: bytes
+    hf = tok.to_hf_tokenizer()
+    assert hf.encode(probe).ids == ids and hf.decode(ids, skip_special_tokens=False) == probe
+    plain = ByteLevelBPE().train(text, vocab_size=400)
+    assert ("<", "|") in plain.merges                           # without: the marker gets merged
+
+
+def test_split_on_special_tokens_prefers_the_longest() -> None:
+    assert split_on_special_tokens("a<s><ss>b", ["<s>", "<ss>"]) == [
+        ("a", False), ("<s>", True), ("<ss>", True), ("b", False)]
+    assert split_on_special_tokens("", ["<s>"]) == [] and split_on_special_tokens("x", []) == [("x", False)]
+
+
+def test_special_tokens_survive_save_and_load(tmp_path) -> None:
+    tok = ByteLevelBPE([("a", "b")], special_tokens=["<s>"])
+    tok.save(tmp_path / "t.json")
+    loaded = ByteLevelBPE.load(tmp_path / "t.json")
+    assert loaded.special_tokens == ["<s>"] and loaded.encode("ab<s>") == tok.encode("ab<s>") == [256, 257]
+
+
 def test_tiny_corpus_stops_early() -> None:
     small = ByteLevelBPE().train("aaab", vocab_size=1000)
     assert small.merges == [("a", "a"), ("aa", "a"), ("aaa", "b")] and small.vocab_size == 259
@@ -343,6 +376,10 @@ def test_encode_cache_is_bounded() -> None:
     (lambda: ByteLevelBPE().decode(["a"]), ValueError, "ids"),
     (lambda: ByteLevelBPE([("a", "zz")]), ValueError, r"merges\[0\]"),
     (lambda: ByteLevelBPE(cache_size=-1), ValueError, "cache_size"),
+    (lambda: ByteLevelBPE(special_tokens="<s>"), TypeError, "special_tokens"),
+    (lambda: ByteLevelBPE(special_tokens=["<s>", "<s>"]), ValueError, "duplicates"),
+    (lambda: ByteLevelBPE(special_tokens=["a"]), ValueError, "ordinary token"),
+    (lambda: ByteLevelBPE(special_tokens=["<s>"]).train("abc", vocab_size=256), ValueError, "vocab_size"),
 ])
 def test_byte_level_errors(call, error, match) -> None:
     with pytest.raises(error, match=match):

@@ -1,0 +1,199 @@
+"""WordPiece (BERT): a vocabulary of word starts and ``##``-marked word continuations.
+
+**Pre-tokenization** (BERT's): split on whitespace, and make every punctuation character a word of
+its own (:func:`bert_pretokenize`).
+
+**Encoding** is greedy, longest match first (:meth:`WordPiece.encode_word`): take the longest
+vocabulary entry that starts the word, then the longest ``##`` entry that continues it, and so on.
+If some position cannot be continued, the *whole word* becomes ``[UNK]``, unlike BPE, which
+always falls back to single symbols.
+
+**Training** (:meth:`WordPiece.train`) starts from the characters (``##``-marked unless they start
+a word) and, like BPE, merges adjacent pairs one at a time; but the pair chosen maximises
+count(ab) / (count(a) count(b)), the gain in the likelihood of a unigram model of the corpus, not
+count(ab) alone (Schuster and Nakajima, 2012; Wu et al., 2016). A pair of frequent symbols that
+co-occur only as often as chance predicts scores low. Ties go to the pair seen first, as in
+:mod:`lecture_pkg.bpe`. (HuggingFace's ``WordPieceTrainer`` trains with BPE's frequency rule
+instead; its encoder is the same as ours, which the tests check.)
+
+Special tokens (``[CLS]``, ``[SEP]``, ...) are matched in the raw text before anything else and
+are never split; they take the first ids, ``[UNK]`` among them.
+"""
+
+from __future__ import annotations
+
+import sys
+import unicodedata
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from lecture_pkg.bpe import (
+    check_special_tokens, check_token_ids, merge_pair, pair_counts, split_on_special_tokens,
+)
+from lecture_pkg.checks import check_int
+
+__all__ = ["BERT_SPECIAL_TOKENS", "WordPiece", "bert_pretokenize", "is_bert_punctuation"]
+
+BERT_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+PREFIX = "##"   # marks a piece that continues a word
+
+
+def is_bert_punctuation(char: str) -> bool:
+    """BERT's punctuation: every ASCII symbol that is not a letter, digit or space (``$``, ``^``,
+    `````, ``_`` included), and every character of a Unicode punctuation category."""
+    cp = ord(char)
+    if 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126:
+        return True
+    return unicodedata.category(char).startswith("P")
+
+
+# Unicode White_Space (what BERT's pre-tokenizer splits on); str.isspace also holds for U+001C..1F
+_SPACES = frozenset(chr(cp) for cp in range(sys.maxunicode + 1)
+                    if chr(cp).isspace() and not 0x1C <= cp <= 0x1F)
+
+
+def bert_pretokenize(text: str) -> list[str]:
+    """Split ``text`` into words at whitespace, each punctuation character a word of its own."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    words: list[str] = []
+    current: list[str] = []
+    for char in text:
+        if char in _SPACES or is_bert_punctuation(char):
+            if current:
+                words.append("".join(current))
+                current = []
+            if char not in _SPACES:
+                words.append(char)
+        else:
+            current.append(char)
+    if current:
+        words.append("".join(current))
+    return words
+
+
+class WordPiece:
+    """BERT's WordPiece tokenizer: greedy longest-match encoding over a fixed vocabulary.
+
+    >>> wp = WordPiece(["[UNK]", "un", "##aff", "##able", "##a"])
+    >>> wp.tokens("unaffable unx")
+    ['un', '##aff', '##able', '[UNK]']
+    """
+
+    def __init__(self, vocab: Iterable[str], unk_token: str = "[UNK]", *,
+                 special_tokens: Iterable[str] = (), max_word_chars: int = 100) -> None:
+        """vocab: the token strings in id order (``##`` marks continuations); unk_token: a vocab
+        entry that stands for any word that cannot be spelled; special_tokens: vocab entries
+        matched whole in the text (unk_token is always one); max_word_chars: longer words are
+        ``[UNK]`` at once, as in BERT."""
+        self.vocab = list(vocab)
+        if not all(isinstance(t, str) and t for t in self.vocab):
+            raise TypeError("vocab must hold non-empty str tokens")
+        self._ids = {token: i for i, token in enumerate(self.vocab)}
+        if len(self._ids) != len(self.vocab):
+            raise ValueError("vocab has duplicate tokens")
+        self.special_tokens = check_special_tokens(special_tokens)
+        if unk_token not in self.special_tokens:
+            self.special_tokens.insert(0, unk_token)
+        missing = [t for t in self.special_tokens if t not in self._ids]
+        if missing:
+            raise ValueError(f"special tokens {missing} (unk_token included) are not in vocab")
+        self.unk_token = unk_token
+        self.max_word_chars = check_int("max_word_chars", max_word_chars, 1)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    @classmethod
+    def train(cls, text: str, vocab_size: int,
+              special_tokens: Sequence[str] = BERT_SPECIAL_TOKENS,
+              unk_token: str = "[UNK]") -> WordPiece:
+        """Learn a vocabulary of ``vocab_size`` tokens (fewer if no pair is left) on ``text``.
+
+        The vocabulary is the special tokens, then the characters in order of first appearance
+        (``##c`` for a character inside a word), then one token per merge.
+        """
+        special_tokens = check_special_tokens(special_tokens)
+        if unk_token not in special_tokens:
+            special_tokens = [unk_token, *special_tokens]
+        check_int("vocab_size", vocab_size, len(special_tokens))
+        counts = Counter(word for chunk, special in split_on_special_tokens(text, special_tokens)
+                         if not special for word in bert_pretokenize(chunk))
+        words = [[w[0]] + [PREFIX + c for c in w[1:]] for w in counts]
+        freqs = list(counts.values())
+        vocab = list(dict.fromkeys([*special_tokens, *(s for w in words for s in w)]))
+        while len(vocab) < vocab_size:
+            pairs = pair_counts(words, freqs)
+            if not pairs:
+                break
+            symbols: Counter[str] = Counter()
+            for word, n in zip(words, freqs):
+                for s in word:
+                    symbols[s] += n
+            best = max(pairs, key=lambda p: pairs[p] / (symbols[p[0]] * symbols[p[1]]))
+            merged = best[0] + best[1].removeprefix(PREFIX)
+            words = [merge_pair(w, best, into=merged) for w in words]
+            if merged not in vocab:
+                vocab.append(merged)
+        return cls(vocab, unk_token, special_tokens=special_tokens)
+
+    def encode_word(self, word: str) -> list[str]:
+        """The pieces of one word, greedy longest match first; ``[unk_token]`` if none fits."""
+        if len(word) > self.max_word_chars:
+            return [self.unk_token]
+        pieces: list[str] = []
+        start = 0
+        while start < len(word):
+            for end in range(len(word), start, -1):       # longest candidate first
+                piece = word[start:end] if start == 0 else PREFIX + word[start:end]
+                if piece in self._ids:
+                    break
+            else:
+                return [self.unk_token]
+            pieces.append(piece)
+            start = end
+        return pieces
+
+    def tokens(self, text: str) -> list[str]:
+        """The token strings of ``text``: special tokens whole, every other word in pieces."""
+        out: list[str] = []
+        for chunk, special in split_on_special_tokens(text, self.special_tokens):
+            if special:
+                out.append(chunk)
+            else:
+                out.extend(p for word in bert_pretokenize(chunk) for p in self.encode_word(word))
+        return out
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``."""
+        return [self._ids[token] for token in self.tokens(text)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Words joined by spaces, ``##`` pieces glued to the word before (punctuation and
+        special tokens come out as words of their own; original spacing is not kept)."""
+        words: list[str] = []
+        for i in check_token_ids(ids, self.vocab_size):
+            token = self.vocab[i]
+            if token.startswith(PREFIX) and words:
+                words[-1] += token[len(PREFIX):]
+            else:
+                words.append(token)
+        return " ".join(words)
+
+    def to_hf_tokenizer(self) -> Any:
+        """A ``tokenizers.Tokenizer`` with the same vocabulary that encodes every text alike:
+        ``WordPiece`` model, ``BertPreTokenizer``, the special tokens added, no normaliser."""
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+        model = models.WordPiece({t: i for i, t in enumerate(self.vocab)}, unk_token=self.unk_token,
+                                 max_input_chars_per_word=self.max_word_chars)
+        tokenizer = Tokenizer(model)
+        tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tokenizer.decoder = decoders.WordPiece(prefix=PREFIX)
+        tokenizer.add_special_tokens(self.special_tokens)
+        return tokenizer
+
+    def __repr__(self) -> str:
+        return f"WordPiece(vocab_size={self.vocab_size}, special_tokens={self.special_tokens})"
