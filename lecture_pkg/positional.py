@@ -72,6 +72,13 @@ def _dtype_or_default(dtype: torch.dtype | None, floating: bool = True) -> torch
     return dtype
 
 
+def _check_offset(k: object) -> None:
+    if not isinstance(k, (int, float)) or isinstance(k, bool):
+        raise TypeError(f"k must be a real number (an offset in positions), got {type(k).__name__}")
+    if not math.isfinite(k):
+        raise ValueError(f"k must be finite (an offset in positions), got {k}")
+
+
 # --------------------------------------------------------------------------- sinusoids
 
 def angular_frequencies(d_model: int, base: float = 10000.0) -> Tensor:
@@ -112,10 +119,7 @@ def shift_matrix(k: float, d_model: int, base: float = 10000.0, *, dtype: torch.
     cos(a + t) = cos a cos t - sin a sin t. It does not depend on p, so "move k steps" is one
     linear map; k may be negative or fractional, and R_a @ R_b = R_(a+b).
     """
-    if not isinstance(k, (int, float)) or isinstance(k, bool):
-        raise TypeError(f"k must be a real number (an offset in positions), got {type(k).__name__}")
-    if not math.isfinite(k):
-        raise ValueError(f"k must be finite (an offset in positions), got {k}")
+    _check_offset(k)
     dtype = _dtype_or_default(dtype)
     theta = k * angular_frequencies(d_model, base)
     cos, sin = theta.cos(), theta.sin()
@@ -141,6 +145,14 @@ class SinusoidalPositionalEncoding(nn.Module):
 
 # --------------------------------------------------------------------------- bits, learned
 
+def _check_bits(num_positions: int, num_bits: int) -> None:
+    check_int("num_positions", num_positions, 0)
+    check_int("num_bits", num_bits, 1)
+    if num_bits < 63 and num_positions > 2**num_bits:
+        raise ValueError(f"{num_positions} positions need {(num_positions - 1).bit_length()} bits but "
+                         f"num_bits={num_bits} (only 2**num_bits positions have distinct codes)")
+
+
 def binary_encoding(num_positions: int, num_bits: int, *, dtype: torch.dtype | None = None,
                     device: torch.device | str | None = None) -> Tensor:
     """The bits of each position, least significant first. Returns (num_positions, num_bits) of 0/1.
@@ -149,11 +161,7 @@ def binary_encoding(num_positions: int, num_bits: int, *, dtype: torch.dtype | N
     2^num_bits positions have distinct codes, hence the error beyond that. dtype defaults to
     torch's default float dtype (to add to embeddings); an integer dtype suits printing.
     """
-    check_int("num_positions", num_positions, 0)
-    check_int("num_bits", num_bits, 1)
-    if num_bits < 63 and num_positions > 2**num_bits:
-        raise ValueError(f"{num_positions} positions need {(num_positions - 1).bit_length()} bits but "
-                         f"num_bits={num_bits} (only 2**num_bits positions have distinct codes)")
+    _check_bits(num_positions, num_bits)
     computed = min(num_bits, 62)  # positions are int64, so every bit from 62 on is zero
     positions = torch.arange(num_positions, device=device)[:, None]
     bits = (positions >> torch.arange(computed, device=device)) & 1
@@ -193,20 +201,13 @@ class LearnedPositionalEmbedding(nn.Module):
 
 def rotate_half(x: Tensor) -> Tensor:
     """(x1, x2) -> (-x2, x1) on the two halves of the last dimension: the 90-degree turn of every
-    pair (j, j + d/2), as in GPT-NeoX and HF Llama. x: (..., d) with d even."""
+    pair (j, j + d/2), as in GPT-NeoX and HF's Llama port (whose checkpoint conversion permutes
+    W_Q and W_K so that this matches Meta's interleaved pairs). x: (..., d) with d even."""
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
 
 
-def apply_rope(x: Tensor, positions: Tensor, base: float = 10000.0, *, interleaved: bool = False) -> Tensor:
-    """Rotary position embedding: rotate each pair of x's last dimension by the angle p * w_i.
-
-    x: (..., t, d) queries or keys, d even, e.g. (batch, heads, t, d_head).
-    positions: integer or float positions broadcastable to x.shape[:-1], e.g. (t,) or (batch, 1, t).
-    Pairs are (j, j + d/2) (rotate-half, GPT-NeoX/Llama) or, with ``interleaved=True``, (2j, 2j+1)
-    (RoFormer, GPT-J); pair j turns at w_j = base^(-2j/d). Because rotations compose,
-    <rope(q, m), rope(k, n)> depends on the offset n - m only. Returns x's shape, dtype and device.
-    """
+def _check_rope_args(x: Tensor, positions: Tensor) -> None:
     check_float_tensor("x", x)
     if not isinstance(positions, Tensor):
         raise TypeError(f"positions must be a torch.Tensor, got {type(positions).__name__}")
@@ -224,6 +225,18 @@ def apply_rope(x: Tensor, positions: Tensor, base: float = 10000.0, *, interleav
     if not fits:
         raise ValueError(f"positions has shape {tuple(positions.shape)}, which does not broadcast to "
                          f"x.shape[:-1] = {tuple(x.shape[:-1])} (use (t,) or e.g. (batch, 1, t))")
+
+
+def apply_rope(x: Tensor, positions: Tensor, base: float = 10000.0, *, interleaved: bool = False) -> Tensor:
+    """Rotary position embedding: rotate each pair of x's last dimension by the angle p * w_i.
+
+    x: (..., t, d) queries or keys, d even, e.g. (batch, heads, t, d_head).
+    positions: integer or float positions broadcastable to x.shape[:-1], e.g. (t,) or (batch, 1, t).
+    Pairs are (j, j + d/2) (rotate-half: GPT-NeoX and HF's Llama port) or, with
+    ``interleaved=True``, (2j, 2j+1) (RoFormer, GPT-J, Meta's reference Llama code); pair j turns at w_j = base^(-2j/d). Because rotations compose,
+    <rope(q, m), rope(k, n)> depends on the offset n - m only. Returns x's shape, dtype and device.
+    """
+    _check_rope_args(x, positions)
     angle_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32  # fp16 angles lose digits
     freqs = angular_frequencies(x.shape[-1], base).to(device=x.device, dtype=angle_dtype)
     theta = positions.to(angle_dtype)[..., None] * freqs  # (..., t, d/2)
@@ -280,17 +293,14 @@ def t5_relative_position_bucket(relative_position: Tensor, bidirectional: bool =
     """T5's bucket of each offset j - i: exact for small distances, log-spaced up to max_distance,
     one shared bucket beyond. Returns int64 buckets in [0, num_buckets), relative_position's shape.
 
-    Bidirectional: half the buckets for keys after the query (j > i), half for the rest. Otherwise
-    (a decoder) later keys all fall into bucket 0 with the offset 0, as they are masked anyway.
-    Within a half of n buckets, distances below n/2 get their own bucket and the other n/2 buckets
-    cover [n/2, max_distance) on a log scale. The float32 operations follow T5's in the same order,
+    Bidirectional (an encoder): half the buckets for keys after the query (j > i), half for the
+    rest. Otherwise (a decoder) all num_buckets serve the past, and later keys fall into bucket 0
+    with the offset 0, as they are masked anyway. Within the n buckets of one direction, distances
+    below n/2 get their own bucket (0..7 bidirectional, 0..15 causal, with 32 buckets) and the
+    other n/2 buckets cover [n/2, max_distance) on a log scale. The float32 operations follow T5's in the same order,
     so that the buckets agree exactly where a log lands on a boundary.
     """
-    if not isinstance(relative_position, Tensor):
-        raise TypeError(f"relative_position must be a torch.Tensor, got {type(relative_position).__name__}")
-    if relative_position.is_floating_point() or relative_position.is_complex() \
-            or relative_position.dtype == torch.bool:
-        raise TypeError(f"relative_position must be an integer tensor, got {relative_position.dtype}")
+    _check_integer_tensor("relative_position", relative_position)
     num_buckets = _check_buckets(bidirectional, num_buckets, max_distance)  # per direction from here on
     relative_position = relative_position.long()
 
@@ -306,6 +316,13 @@ def t5_relative_position_bucket(relative_position: Tensor, bidirectional: bool =
     log_ratio = torch.log(distance.clamp(min=max_exact).float() / max_exact) / math.log(max_distance / max_exact)
     log_bucket = (max_exact + (log_ratio * (num_buckets - max_exact)).long()).clamp(max=num_buckets - 1)
     return buckets + torch.where(distance < max_exact, distance, log_bucket)
+
+
+def _check_integer_tensor(name: str, value: object) -> None:
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor, got {value.dtype}")
 
 
 def _check_buckets(bidirectional: bool, num_buckets: int, max_distance: int) -> int:
