@@ -419,12 +419,28 @@ def bits_per_parameter(weight: NF4Tensor) -> float:
 # A frozen 4-bit linear layer
 # ---------------------------------------------------------------------------------------------
 
+class _DequantizedMatmul(torch.autograd.Function):
+    """x @ W.T where W is dequantised in forward and again in backward, so that autograd never
+    keeps the full-precision weight alive between the two (bitsandbytes' MatMul4Bit does the
+    same). Only x's gradient exists: the 4-bit codes are frozen."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, layer: Linear4bit) -> Tensor:
+        ctx.layer = layer
+        return F.linear(x, layer.dequantized_weight(x.dtype))
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+        return grad @ ctx.layer.dequantized_weight(grad.dtype), None
+
+
 class Linear4bit(nn.Module):
     """A frozen ``nn.Linear`` stored in NF4 with double-quantised constants.
 
     forward: x (..., in_features) -> (..., out_features). The weight is dequantised to
-    ``compute_dtype`` (default: x's dtype) at every call and discarded afterwards, so only the
-    4-bit codes stay in memory; gradients flow to x, never to the codes. The stored tensors are
+    ``compute_dtype`` (default: x's dtype) at every call and discarded afterwards, and again in
+    the backward pass, so only the 4-bit codes stay in memory between them; gradients flow to x,
+    never to the codes. The stored tensors are
     buffers (they move with ``.to`` and go into ``state_dict``), the bias a frozen parameter.
     """
 
@@ -466,8 +482,10 @@ class Linear4bit(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         check_float_tensor("x", x)
         dtype = self.compute_dtype or x.dtype
-        bias = None if self.bias is None else self.bias.to(dtype)
-        return F.linear(x.to(dtype), self.dequantized_weight(dtype), bias).to(x.dtype)
+        out = _DequantizedMatmul.apply(x.to(dtype), self)
+        if self.bias is not None:
+            out = out + self.bias.to(dtype)
+        return out.to(x.dtype)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

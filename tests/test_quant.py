@@ -251,6 +251,19 @@ def test_linear4bit_forward_and_frozen() -> None:
     assert Linear4bit.from_linear(linear, compute_dtype=torch.bfloat16)(x).dtype == torch.float32
 
 
+def test_linear4bit_backward_recomputes_the_weight() -> None:
+    layer = Linear4bit.from_linear(torch.nn.Linear(256, 128))
+    x = randn(4, 256, seed=15).requires_grad_()
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t,
+                                                  lambda t: t):
+        y = layer(x)
+    assert (128, 256) not in saved  # the dequantised weight is not kept for backward
+    grad = randn(4, 128, seed=16)
+    y.backward(grad)
+    assert torch.allclose(x.grad, grad @ layer.dequantized_weight(), atol=1e-6)
+
+
 def test_linear4bit_matches_bitsandbytes_linear4bit() -> None:
     bnb = pytest.importorskip("bitsandbytes")
     linear = torch.nn.Linear(128, 64)
