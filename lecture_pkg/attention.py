@@ -617,11 +617,13 @@ def _fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_ca
                      scale: float | None, dropout_p: float) -> Tensor:
     """torch's fused SDPA with this module's mask semantics: a float mask's entries
     <= finfo.min block, and a query that may attend to nothing gets a zero output."""
-    bias, allowed = _split_mask(mask, False, q, k.shape[-2])
+    # torch refuses an explicit mask together with is_causal: fold the triangle into the mask
+    fold_causal = is_causal and mask is not None
+    bias, allowed = _split_mask(mask, fold_causal, q, k.shape[-2])
     fused_mask = allowed if bias is None else _and_masks(bias, allowed) if allowed is not None \
         else bias
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=fused_mask, dropout_p=dropout_p,
-                                         is_causal=is_causal, scale=scale)
+                                         is_causal=is_causal and not fold_causal, scale=scale)
     if allowed is not None:  # torch gives NaN or a uniform average for an all-blocked row
         out = out.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
     return out

@@ -317,3 +317,13 @@ def test_padding_mask_from_pad_token_id() -> None:
     torch.testing.assert_close(model(src, tgt), model(src, tgt, padding_mask([6, 3], 6)))
     assert not torch.allclose(model(src, tgt), model(src, tgt, torch.ones(2, 6, dtype=bool)))
     assert math.isfinite(model(src, tgt).sum().item())
+
+
+def test_float32_fast_path_with_padding_and_causal_masks_equals_teaching_path() -> None:
+    # float32 reaches torch's flash CPU kernel, which refuses a mask together with is_causal
+    model = small().float()
+    src, tgt = ids(3, 6), ids(3, 5, seed=1)
+    src_mask, tgt_mask = padding_mask([6, 2, 4], 6), padding_mask([5, 3, 1], 5)
+    fast = model(src, tgt, src_mask, tgt_mask)
+    slow, _ = model(src, tgt, src_mask, tgt_mask, output_attentions=True)
+    torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
