@@ -113,8 +113,13 @@ def save_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.O
     """Write model and optimizer tensors, the torch RNG state and the bookkeeping to ``path``."""
     from safetensors.torch import save_file
 
-    tensors = {f"model.{k}": v.detach().cpu().contiguous()
-               for k, v in _unwrap(model).state_dict().items()}
+    tensors, stored = {}, set()
+    for k, v in _unwrap(model).state_dict().items():
+        tensor = v.detach().cpu().contiguous()
+        if tensor.data_ptr() in stored:  # tied weights (GPT's LM head is its embedding):
+            tensor = tensor.clone()      # safetensors refuses tensors that share memory
+        stored.add(tensor.data_ptr())
+        tensors[f"model.{k}"] = tensor
     optim_state = optimizer.state_dict()
     for index, state in optim_state["state"].items():
         for name, value in state.items():
