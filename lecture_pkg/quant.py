@@ -137,8 +137,9 @@ def _scale_blocks(x: Tensor, blocksize: int) -> tuple[Tensor, Tensor]:
 def _unscale_blocks(values: Tensor, absmax: Tensor, blocksize: int) -> Tensor:
     """values (flat, n) times the absmax of their block; the inverse of :func:`_scale_blocks`."""
     n = values.numel()
-    padded = F.pad(values, (0, absmax.numel() * blocksize - n)).view(-1, blocksize)
-    return (padded * absmax[:, None]).reshape(-1)[:n]
+    if n % blocksize:
+        values = F.pad(values, (0, absmax.numel() * blocksize - n))
+    return (values.reshape(-1, blocksize) * absmax[:, None]).view(-1)[:n]
 
 
 def _nearest_code(scaled: Tensor, codes: Tensor) -> Tensor:
@@ -310,20 +311,20 @@ def quantize_4bit(x: Tensor, codes: Tensor, blocksize: int = 64) -> tuple[Tensor
     return (indices[0::2] << 4) | indices[1::2], absmax
 
 
-def _unpack(packed: Tensor, n: int) -> Tensor:
-    """Inverse of the nibble packing: (n,) int64 indices."""
-    return torch.stack([packed >> 4, packed & 0xF], dim=1).reshape(-1)[:n].long()
-
-
 def dequantize_4bit(packed: Tensor, absmax: Tensor, codes: Tensor, shape: tuple[int, ...],
                     blocksize: int = 64, dtype: torch.dtype = torch.float32) -> Tensor:
     """Tensor of ``shape`` and ``dtype`` from :func:`quantize_4bit`'s (packed, absmax).
 
-    The products are formed in float32 and cast once, as bitsandbytes does.
+    A byte holds two codes, so one lookup in a 256 x 2 table (the code pair of every byte value)
+    unpacks and decodes at once. The products are formed in float32 and cast once, as
+    bitsandbytes does.
     """
     n = math.prod(shape)
-    values = dequantize_blockwise(_unpack(packed, n), absmax, codes, blocksize)
-    return values.view(shape).to(dtype)
+    byte = torch.arange(256, device=packed.device)
+    codes = codes.to(packed.device)
+    pairs = torch.stack([codes[byte >> 4], codes[byte & 0xF]], dim=1)  # (256, 2)
+    values = pairs.index_select(0, packed.int()).view(-1)[:n]
+    return _unscale_blocks(values, absmax, blocksize).view(shape).to(dtype)
 
 
 def quantize_nf4(x: Tensor, blocksize: int = 64) -> tuple[Tensor, Tensor]:
