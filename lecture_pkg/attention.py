@@ -48,6 +48,7 @@ __all__ = [
     "dot_score",
     "flash_attention",
     "gaussian_score",
+    "grouped_query_attention",
     "local_attention",
     "scaled_dot_product_attention",
     "scaled_dot_score",
@@ -627,6 +628,37 @@ def _fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_ca
     if allowed is not None:  # torch gives NaN or a uniform average for an all-blocked row
         out = out.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
     return out
+
+
+def grouped_query_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
+                            is_causal: bool = False,
+                            scale: float | None = None) -> tuple[Tensor, Tensor]:
+    """Grouped-query attention (Ainslie et al., 2023): h query heads share g key-value heads,
+    query head i reading key-value head i // (h / g). g = h is multi-head attention, g = 1 is
+    multi-query attention (Shazeer, 2019); the key-value cache is h / g times smaller.
+
+    q: (batch, h, t_q, d_k), k: (batch, g, t_k, d_k), v: (batch, g, t_k, d_v), g divides h.
+    attn_mask, is_causal, scale: as in :func:`scaled_dot_product_attention`.
+    Returns (out: (batch, h, t_q, d_v), weights: (batch, h, t_q, t_k)); out equals torch's
+    ``scaled_dot_product_attention(q, k, v, enable_gqa=True)``.
+    """
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        check_float_tensor(name, x)
+        if x.dim() != 4:
+            raise ValueError(f"{name} must have shape (batch, heads, length, features), "
+                             f"got {tuple(x.shape)}")
+    heads, groups = q.shape[1], k.shape[1]
+    if v.shape[1] != groups:
+        raise ValueError(f"v has {v.shape[1]} heads but k has {groups} (each key-value head "
+                         f"has both)")
+    if groups == 0 or heads % groups:
+        raise ValueError(f"q has {heads} heads, which is not a multiple of k's {groups} "
+                         f"key-value heads")
+    # Repeat each key-value head for the h / g query heads that share it.
+    share = heads // groups
+    return scaled_dot_product_attention(q, k.repeat_interleave(share, dim=1),
+                                        v.repeat_interleave(share, dim=1), attn_mask=attn_mask,
+                                        is_causal=is_causal, scale=scale)
 
 
 # --------------------------------------------------------------------------------------------

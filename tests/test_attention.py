@@ -27,6 +27,7 @@ from lecture_pkg.attention import (
     dot_score,
     flash_attention,
     gaussian_score,
+    grouped_query_attention,
     local_attention,
     scaled_dot_product_attention,
     scaled_dot_score,
@@ -630,3 +631,40 @@ def test_fast_path_float32_bias_under_bf16_autocast() -> None:
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out, _ = mha(x, x, x, attn_mask=bias, need_weights=False)
     assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("groups", [8, 4, 2, 1])
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_grouped_query_attention_matches_torch(groups: int, is_causal: bool) -> None:
+    gen = torch.Generator().manual_seed(groups)
+    q = torch.randn(2, 8, 6, 5, generator=gen, dtype=torch.float64)
+    k = torch.randn(2, groups, 9, 5, generator=gen, dtype=torch.float64)
+    v = torch.randn(2, groups, 9, 3, generator=gen, dtype=torch.float64)
+    out, weights = grouped_query_attention(q, k, v, is_causal=is_causal, scale=0.7)
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=0.7,
+                                              enable_gqa=True)
+    torch.testing.assert_close(out, expected)
+    assert weights.shape == (2, 8, 6, 9)
+    # query heads 0 .. 8/g - 1 read key-value head 0: same output as plain attention on it
+    share = 8 // groups
+    first, _ = scaled_dot_product_attention(q[:, :share], k[:, :1].expand(-1, share, -1, -1),
+                                            v[:, :1].expand(-1, share, -1, -1),
+                                            is_causal=is_causal, scale=0.7)
+    torch.testing.assert_close(out[:, :share], first)
+
+
+def test_grouped_query_attention_mask_and_errors() -> None:
+    q, k, v = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
+    mask = torch.tensor([[True, True, False, True, False]])  # (1, t_k): for every query
+    out, weights = grouped_query_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                                   enable_gqa=True))
+    assert (weights[..., ~mask[0]] == 0).all()
+    with pytest.raises(ValueError, match="not a multiple"):
+        grouped_query_attention(torch.randn(1, 3, 3, 8), k, v)
+    with pytest.raises(ValueError, match="v has 1 heads but k has 2"):
+        grouped_query_attention(q, k, v[:, :1])
+    with pytest.raises(ValueError, match=r"k must have shape \(batch, heads"):
+        grouped_query_attention(q, k[0], v)
+    with pytest.raises(ValueError, match="batch dims"):
+        grouped_query_attention(q, k.expand(2, -1, -1, -1), v.expand(2, -1, -1, -1))
