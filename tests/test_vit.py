@@ -179,7 +179,7 @@ def test_errors() -> None:
         model(images(3, 16, 16))
     with pytest.raises(TypeError, match="float tensor"):
         model(torch.zeros(1, 3, 16, 16, dtype=torch.long))
-    with pytest.raises(TypeError, match="hf_model must be a transformers ViTModel"):
+    with pytest.raises(TypeError, match="hf_model must be a transformers ViTModel or ViTForImageClassification"):
         ViT.from_hf(transformers.SwinModel(transformers.SwinConfig(
             image_size=16, embed_dim=8, depths=[1], num_heads=[1], window_size=4)))
     with pytest.raises(TypeError, match="config must be a ViTConfig"):

@@ -38,8 +38,9 @@ from torch import Tensor, nn
 from lecture_pkg.attention import MultiHeadAttention
 from lecture_pkg.checks import check_int
 from lecture_pkg.layers import FeedForward, Residual
-from lecture_pkg.models.common import HFInterop, check_hf_class
-from lecture_pkg.models.vit import check_pixels
+from lecture_pkg.models.common import HFInterop
+from lecture_pkg.models.vit import (check_hf_vision_config, check_hf_vision_model, check_pixels,
+                                    init_vision_weights_)
 
 __all__ = ["PatchMerging", "Swin", "SwinBlock", "SwinConfig", "SwinOutput", "cyclic_shift",
            "region_labels", "relative_position_index", "shifted_window_mask", "window_and_shift",
@@ -95,18 +96,7 @@ class SwinConfig:
     def from_hf(cls, hf_config: Any, num_labels: int = 0) -> "SwinConfig":
         """Ours from a ``transformers.SwinConfig`` (square images and patches, exact GELU, one
         dropout rate, q/k/v biases)."""
-        check_hf_class(hf_config, "SwinConfig")
-        size, patch = hf_config.image_size, hf_config.patch_size
-        if not isinstance(size, int) or not isinstance(patch, int):
-            raise ValueError(f"only square images and patches are supported, got image_size="
-                             f"{size!r}, patch_size={patch!r}")
-        if hf_config.hidden_act != "gelu":
-            raise ValueError(f"hidden_act must be 'gelu' (exact), got {hf_config.hidden_act!r}")
-        if hf_config.hidden_dropout_prob != hf_config.attention_probs_dropout_prob:
-            raise ValueError("hidden_dropout_prob and attention_probs_dropout_prob must be equal: "
-                             "our layers use one rate")
-        if not hf_config.qkv_bias:
-            raise ValueError("qkv_bias=False is not supported")
+        size, patch = check_hf_vision_config(hf_config, "SwinConfig")
         return cls(image_size=size, patch_size=patch, num_channels=hf_config.num_channels,
                    embed_dim=hf_config.embed_dim, depths=tuple(hf_config.depths),
                    num_heads=tuple(hf_config.num_heads), window_size=hf_config.window_size,
@@ -363,17 +353,11 @@ class Swin(HFInterop, nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self, std: float = 0.02) -> None:
-        """Hugging Face's initialisation: N(0, std^2) weights, zero biases, unit LayerNorm
-        gains, zero relative-bias tables and absolute positions."""
+        """Hugging Face's initialisation (:func:`init_vision_weights_`), with zero relative-bias
+        tables and absolute positions."""
+        init_vision_weights_(self, std)
         for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Conv2d)):
-                nn.init.normal_(module.weight, std=std)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.LayerNorm):
-                nn.init.ones_(module.weight)
-                nn.init.zeros_(module.bias)
-            elif isinstance(module, SwinBlock):
+            if isinstance(module, SwinBlock):
                 nn.init.zeros_(module.relative_position_bias_table)
         if self.position is not None:
             nn.init.zeros_(self.position)
@@ -424,15 +408,8 @@ class Swin(HFInterop, nn.Module):
     @classmethod
     def from_hf(cls, hf_model: nn.Module) -> "Swin":
         """A copy of a ``transformers`` ``SwinModel`` or ``SwinForImageClassification``."""
-        name = type(hf_model).__name__
-        if name not in cls.HF_CLASSES or not type(hf_model).__module__.startswith("transformers."):
-            raise TypeError(f"hf_model must be a transformers SwinModel or "
-                            f"SwinForImageClassification, got {type(hf_model).__module__}.{name}")
-        num_labels = 0
-        if name == "SwinForImageClassification":
-            if not isinstance(hf_model.classifier, nn.Linear):
-                raise ValueError("SwinForImageClassification needs num_labels > 0")
-            num_labels = hf_model.config.num_labels
+        classifier = check_hf_vision_model(hf_model, cls.HF_CLASSES)
+        num_labels = hf_model.config.num_labels if classifier else 0
         weight = next(hf_model.parameters())
         model = cls.from_config(hf_model.config, device=weight.device, dtype=weight.dtype,
                                 num_labels=num_labels)

@@ -36,7 +36,8 @@ from lecture_pkg.checks import check_int
 from lecture_pkg.layers import EncoderLayer
 from lecture_pkg.models.common import HFInterop, check_hf_class
 
-__all__ = ["PatchEmbedding", "ViT", "ViTConfig", "ViTOutput", "check_pixels", "patchify"]
+__all__ = ["PatchEmbedding", "ViT", "ViTConfig", "ViTOutput", "check_hf_vision_config",
+           "check_hf_vision_model", "check_pixels", "init_vision_weights_", "patchify"]
 
 Positions = Literal["1d", "2d", "none"]
 
@@ -88,18 +89,7 @@ class ViTConfig:
     def from_hf(cls, hf_config: Any, pooler: bool = False, num_labels: int = 0) -> "ViTConfig":
         """Ours from a ``transformers.ViTConfig`` (square images and patches, exact GELU, one
         dropout rate, q/k/v biases, pooler width = hidden_size)."""
-        check_hf_class(hf_config, "ViTConfig")
-        size, patch = hf_config.image_size, hf_config.patch_size
-        if not isinstance(size, int) or not isinstance(patch, int):
-            raise ValueError(f"only square images and patches are supported, got image_size="
-                             f"{size!r}, patch_size={patch!r}")
-        if hf_config.hidden_act != "gelu":
-            raise ValueError(f"hidden_act must be 'gelu' (exact), got {hf_config.hidden_act!r}")
-        if hf_config.hidden_dropout_prob != hf_config.attention_probs_dropout_prob:
-            raise ValueError("hidden_dropout_prob and attention_probs_dropout_prob must be equal: "
-                             "our layers use one rate")
-        if not hf_config.qkv_bias:
-            raise ValueError("qkv_bias=False is not supported")
+        size, patch = check_hf_vision_config(hf_config, "ViTConfig")
         if pooler and (hf_config.pooler_output_size != hf_config.hidden_size
                        or hf_config.pooler_act != "tanh"):
             raise ValueError("the pooler must be a tanh layer of width hidden_size")
@@ -109,6 +99,51 @@ class ViTConfig:
                    intermediate_size=hf_config.intermediate_size,
                    dropout=hf_config.hidden_dropout_prob, eps=hf_config.layer_norm_eps,
                    pooler=pooler, num_labels=num_labels)
+
+
+def check_hf_vision_config(hf_config: Any, expected: str) -> tuple[int, int]:
+    """(image_size, patch_size) of a ``transformers`` ViT or Swin config, after checking
+    what our models support: square images and patches, exact GELU, one dropout rate (HF has
+    two), biases on q, k and v."""
+    check_hf_class(hf_config, expected)
+    size, patch = hf_config.image_size, hf_config.patch_size
+    if not isinstance(size, int) or not isinstance(patch, int):
+        raise ValueError(f"only square images and patches are supported, got image_size="
+                         f"{size!r}, patch_size={patch!r}")
+    if hf_config.hidden_act != "gelu":
+        raise ValueError(f"hidden_act must be 'gelu' (exact), got {hf_config.hidden_act!r}")
+    if hf_config.hidden_dropout_prob != hf_config.attention_probs_dropout_prob:
+        raise ValueError("hidden_dropout_prob and attention_probs_dropout_prob must be equal: "
+                         "our layers use one rate")
+    if not hf_config.qkv_bias:
+        raise ValueError("qkv_bias=False is not supported")
+    return size, patch
+
+
+def check_hf_vision_model(hf_model: object, classes: tuple[str, str]) -> bool:
+    """TypeError unless ``hf_model`` is a ``transformers`` model of one of ``classes`` (backbone,
+    classifier); True for the classifier, which must then have a linear head."""
+    cls = type(hf_model)
+    if cls.__name__ not in classes or not cls.__module__.startswith("transformers."):
+        raise TypeError(f"hf_model must be a transformers {' or '.join(classes)}, got "
+                        f"{cls.__module__}.{cls.__name__}")
+    if cls.__name__ == classes[1] and not isinstance(hf_model.classifier, nn.Linear):
+        raise ValueError(f"{classes[1]} needs num_labels > 0")
+    return cls.__name__ == classes[1]
+
+
+@torch.no_grad()
+def init_vision_weights_(model: nn.Module, std: float = 0.02) -> None:
+    """Hugging Face's initialisation of ViT and Swin: N(0, std^2) for linear and convolution
+    weights, zero biases, unit LayerNorm gains."""
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.Conv2d)):
+            nn.init.normal_(module.weight, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
 
 
 def check_pixels(pixel_values: object, num_channels: int) -> Tensor:
@@ -215,16 +250,9 @@ class ViT(HFInterop, nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self, std: float = 0.02) -> None:
-        """Hugging Face's initialisation: N(0, std^2) for linear and patch weights, truncated
-        normal for [CLS] and positions, zero biases, unit LayerNorm gains."""
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Conv2d)):
-                nn.init.normal_(module.weight, std=std)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.LayerNorm):
-                nn.init.ones_(module.weight)
-                nn.init.zeros_(module.bias)
+        """Hugging Face's initialisation (:func:`init_vision_weights_`), with truncated normal
+        [CLS] and positions."""
+        init_vision_weights_(self, std)
         for name, param in self.named_parameters(recurse=False):
             nn.init.trunc_normal_(param, std=std)  # cls_token and the position tables
 
@@ -296,18 +324,12 @@ class ViT(HFInterop, nn.Module):
     def from_hf(cls, hf_model: nn.Module) -> "ViT":
         """A copy of a ``transformers`` ``ViTModel`` (with or without its pooler) or
         ``ViTForImageClassification``, giving the same outputs."""
-        name = type(hf_model).__name__
-        if name not in cls.HF_CLASSES or not type(hf_model).__module__.startswith("transformers."):
-            raise TypeError(f"hf_model must be a transformers ViTModel or "
-                            f"ViTForImageClassification, got {type(hf_model).__module__}.{name}")
-        if name == "ViTModel":
+        if check_hf_vision_model(hf_model, cls.HF_CLASSES):
+            head = {"num_labels": hf_model.config.num_labels}
+        else:
             if hf_model.embeddings.mask_token is not None:
                 raise ValueError("ViTModel with use_mask_token=True is not supported")
             head = {"pooler": hf_model.pooler is not None}
-        else:
-            if not isinstance(hf_model.classifier, nn.Linear):
-                raise ValueError("ViTForImageClassification needs num_labels > 0")
-            head = {"num_labels": hf_model.config.num_labels}
         weight = next(hf_model.parameters())
         model = cls.from_config(hf_model.config, device=weight.device, dtype=weight.dtype, **head)
         model.load_hf_state_dict(hf_model.state_dict())
