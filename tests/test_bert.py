@@ -273,3 +273,15 @@ def test_bert_on_gpu_matches_cpu() -> None:
         cpu = ours(**x).mlm_logits
         gpu = ours.to("cuda")(**{k: v.cuda() for k, v in x.items()}).mlm_logits
     torch.testing.assert_close(gpu.cpu(), cpu, rtol=1e-4, atol=1e-4)
+
+
+def test_initialisation_matches_hf_statistics() -> None:
+    """N(0, 0.02) matrices and embeddings, zero biases, as HF initialises (torch's default
+    N(0, 1) embeddings would give tied MLM logits of size ~sqrt(hidden))."""
+    config = hf_config(vocab_size=3000, hidden_size=64)
+    torch.manual_seed(0)
+    ours, hf = BertForPreTraining.from_config(config), transformers.BertForPreTraining(config)
+    for name in ["bert.token.weight", "bert.layers.0.ffn.linear1.weight", "nsp.weight"]:
+        assert abs(dict(ours.named_parameters())[name].std().item() - 0.02) < 2e-3, name
+    assert abs(hf.bert.embeddings.word_embeddings.weight.std().item() - 0.02) < 2e-3
+    assert ours.bert.layers[0].ffn.linear1.bias.abs().max() == 0

@@ -79,6 +79,18 @@ class BertConfig:
                    num_labels=hf_config.num_labels)
 
 
+def init_bert_weights(module: nn.Module) -> None:
+    """BERT's initialisation: N(0, 0.02) for every matrix and embedding, zero biases, LayerNorm
+    (1, 0). torch's default N(0, 1) embeddings would make the tied MLM logits ~sqrt(d) large."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, std=0.02)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+    if isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+
+
 @dataclass
 class BertOutput:
     """last_hidden_state: (batch, t, hidden); pooler_output: (batch, hidden);
@@ -175,6 +187,7 @@ class BertModel(_BertInterop, nn.Module):
                          eps=config.eps, **factory)
             for _ in range(config.num_layers))
         self.pooler = nn.Linear(d, d, **factory)
+        self.apply(init_bert_weights)
 
     def embed(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         """Token + position + segment embeddings, normalised: (batch, t) -> (batch, t, hidden)."""
@@ -249,14 +262,20 @@ class BertForPreTraining(_BertInterop, nn.Module):
         self.mlm_norm = nn.LayerNorm(d, eps=config.eps, **factory)
         self.mlm_bias = nn.Parameter(torch.zeros(config.vocab_size, **factory))
         self.nsp = nn.Linear(d, 2, **factory)
+        self.apply(init_bert_weights)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 token_type_ids: Tensor | None = None,
                 output_attentions: bool = False) -> BertPreTrainingOutput:
         out = self.bert(input_ids, attention_mask, token_type_ids, output_attentions)
-        h = self.mlm_norm(self.mlm_act(self.mlm_dense(out.last_hidden_state)))
-        mlm_logits = F.linear(h, self.bert.token.weight, self.mlm_bias)  # tied decoder
-        return BertPreTrainingOutput(mlm_logits, self.nsp(out.pooler_output), out)
+        return BertPreTrainingOutput(self.mlm_logits(out.last_hidden_state),
+                                     self.nsp(out.pooler_output), out)
+
+    def mlm_logits(self, hidden: Tensor) -> Tensor:
+        """The MLM head on any selection of hidden vectors (..., hidden) -> (..., vocab_size):
+        pretraining only needs it at the ~15% corrupted positions."""
+        h = self.mlm_norm(self.mlm_act(self.mlm_dense(hidden)))
+        return F.linear(h, self.bert.token.weight, self.mlm_bias)  # decoder tied to embeddings
 
     def hf_aliases(self) -> dict[str, str]:
         return {"cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
@@ -304,6 +323,7 @@ class BertForSequenceClassification(_BertInterop, nn.Module):
         self.bert = BertModel(config, **factory)
         self.dropout = nn.Dropout(config.dropout)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels, **factory)
+        self.classifier.apply(init_bert_weights)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 token_type_ids: Tensor | None = None,

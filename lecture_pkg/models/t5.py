@@ -27,7 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lecture_pkg.layers import ACTIVATIONS, GATED_ACTIVATIONS, DecoderLayer, EncoderLayer, RMSNorm
+from lecture_pkg.attention import MultiHeadAttention
+from lecture_pkg.layers import (ACTIVATIONS, GATED_ACTIVATIONS, DecoderLayer, EncoderLayer,
+                                FeedForward, RMSNorm)
 from lecture_pkg.masks import IGNORE_INDEX, causal_mask
 from lecture_pkg.models.common import (HFInterop, check_hf_class, check_padding_mask,
                                        check_token_ids)
@@ -182,6 +184,31 @@ def _stack_names(hf: str, decoder: bool, gated: bool) -> list[tuple[str, str]]:
     return names
 
 
+def init_t5_weights(model: "T5") -> None:
+    """T5's initialisation (Mesh TensorFlow's): embeddings N(0, 1); every other matrix
+    N(0, 1/fan_in), with the query's also divided by d_kv. That 1/sqrt(d_kv) in the
+    initialisation replaces the 1/sqrt(d_kv) T5 leaves out of attention."""
+    cfg = model.config
+    d_kv = cfg.d_model // cfg.num_heads
+    with torch.no_grad():
+        nn.init.normal_(model.shared.weight, std=1.0)
+        if model.lm_head is not None:
+            nn.init.normal_(model.lm_head.weight, std=1.0)
+        for module in model.modules():
+            if isinstance(module, MultiHeadAttention):
+                nn.init.normal_(module.q_proj.weight, std=(cfg.d_model * d_kv) ** -0.5)
+                nn.init.normal_(module.k_proj.weight, std=cfg.d_model ** -0.5)
+                nn.init.normal_(module.v_proj.weight, std=cfg.d_model ** -0.5)
+                nn.init.normal_(module.out_proj.weight, std=cfg.d_model ** -0.5)
+            elif isinstance(module, FeedForward):
+                for linear in (module.linear1, module.linear_v):
+                    if linear is not None:
+                        nn.init.normal_(linear.weight, std=cfg.d_model ** -0.5)
+                nn.init.normal_(module.linear2.weight, std=cfg.d_ff ** -0.5)
+            elif isinstance(module, RelativePositionBias):
+                nn.init.normal_(module.bias.weight, std=cfg.d_model ** -0.5)
+
+
 def shift_right(labels: Tensor, start_token_id: int = 0, pad_token_id: int = 0) -> Tensor:
     """Teacher forcing's decoder input: ``start_token_id`` then the labels without their last
     token, IGNORE_INDEX replaced by the pad id. (batch, t) -> (batch, t)."""
@@ -218,6 +245,7 @@ class T5(HFInterop, nn.Module):
         self.decoder = T5Stack(config, is_decoder=True, **factory)
         self.lm_head = None if config.tie_word_embeddings else \
             nn.Linear(config.d_model, config.vocab_size, bias=False, **factory)
+        init_t5_weights(self)
 
     def encode(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                output_attentions: bool = False) -> tuple[Tensor, list[Tensor | None]]:
