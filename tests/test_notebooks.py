@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT / "book"
 NOTEBOOKS = sorted(BOOK.glob("*.ipynb"))
 MAX_BYTES = 2_000_000
+MAX_COLUMNS = 88  # wider code lines get a horizontal scroll bar in the HTML book
 
 
 def setup_cell_source() -> str:
@@ -90,3 +91,15 @@ class TestChapter:
                   and {"hide-cell", "hide-input"} & set(c.get("metadata", {}).get("tags", []))
                   and re.search(r"^\s*assert ", "".join(c["source"]), re.M)]
         assert hidden, f"{path.name}: no hidden exercise solution checked by an assert"
+
+    def test_code_lines_fit_the_page(self, path: Path) -> None:
+        """Every code line within MAX_COLUMNS, except in the setup cell, whose text (with the
+        repository URL) is pinned by test_starts_with_setup_cell."""
+        cells = json.loads(path.read_text())["cells"]
+        code_indices = [i for i, c in enumerate(cells) if c["cell_type"] == "code"]
+        too_wide = [f"{path.name}, cell {i}, line {n}: {len(line)} columns"
+                    for i in code_indices[1:]
+                    for n, line in enumerate("".join(cells[i]["source"]).splitlines(), 1)
+                    if len(line) > MAX_COLUMNS]
+        assert not too_wide, (f"{len(too_wide)} code lines over {MAX_COLUMNS} columns:\n"
+                              + "\n".join(too_wide))
