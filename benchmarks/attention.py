@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import platform
+import statistics
 from collections.abc import Callable
 
 import torch
@@ -21,7 +22,7 @@ import torch.nn.functional as F
 
 from lecture_pkg import kernels
 from lecture_pkg.attention import flash_attention, scaled_dot_product_attention
-from lecture_pkg.measure import interleaved_wall_times, peak_memory, wall_time
+from lecture_pkg.measure import peak_memory, wall_time
 
 MIB = 2**20
 
@@ -33,6 +34,17 @@ def cpu_implementations(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         "flash": lambda: flash_attention(q, k, v, is_causal=is_causal, backend="torch"),
         "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=is_causal),
     }
+
+
+def interleaved_median_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median seconds per function over ``repeats`` rounds, each round timing every function once
+    (with ``wall_time``), so that load from other processes on a shared machine hits all of them
+    alike."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            times[name].append(wall_time(fn, repeats=1, warmup=0))
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def cpu_table(sizes: list[int], head_dim: int, repeats: int) -> dict[tuple[int, bool], dict]:
@@ -51,7 +63,7 @@ def cpu_table(sizes: list[int], head_dim: int, repeats: int) -> dict[tuple[int, 
                 for fn in fns.values():  # warm-up: first-call costs are not the algorithm's
                     fn()
                 memory = {name: peak_memory(fn)[1] / MIB for name, fn in fns.items()}
-                seconds = interleaved_wall_times(fns, rounds=repeats)
+                seconds = interleaved_median_times(fns, repeats)
             results[(n, is_causal)] = {"time": seconds, "memory": memory}
             print(f"| {n} | {'causal' if is_causal else 'full'} | {seconds['naive']:.3f} "
                   f"| {seconds['flash']:.3f} | {seconds['sdpa']:.3f} "

@@ -29,7 +29,7 @@ from typing import Callable, Literal, TypeVar
 
 import torch
 
-__all__ = ["Scaling", "interleaved_wall_times", "peak_memory", "scaling", "wall_time"]
+__all__ = ["Scaling", "peak_memory", "scaling", "wall_time"]
 
 T = TypeVar("T")
 
@@ -70,21 +70,6 @@ def wall_time(fn: Callable[[], object], device: torch.device | str = "cpu", repe
     finally:
         torch.set_num_threads(threads)
     return min(times) if statistic == "min" else statistics.median(times)
-
-
-def interleaved_wall_times(fns: dict[str, Callable[[], object]],
-                           device: torch.device | str = "cpu", rounds: int = 5) -> dict[str, float]:
-    """Median seconds of every ``fns[name]()`` over ``rounds`` rounds, each round timing every
-    function once in turn (with :func:`wall_time`). Load from other processes on a shared
-    machine then hits all of them alike, so ratios between them stay meaningful when absolute
-    times do not (the benchmarks report such ratios)."""
-    if rounds < 1:
-        raise ValueError(f"rounds must be >= 1, got {rounds}")
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            times[name].append(wall_time(fn, device, repeats=1, warmup=0))
-    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def _resident_kib(field: str) -> int:

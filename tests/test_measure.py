@@ -7,9 +7,7 @@ import time
 import pytest
 import torch
 
-from lecture_pkg.measure import (
-    Scaling, interleaved_wall_times, peak_memory, scaling, wall_time,
-)
+from lecture_pkg.measure import Scaling, peak_memory, scaling, wall_time
 
 
 def test_peak_memory_sees_a_known_allocation() -> None:
@@ -84,18 +82,3 @@ def test_scaling_rejects_bad_sizes() -> None:
         scaling({"f": lambda n: n}, lambda n: n, [])
     with pytest.raises(ValueError, match="empty"):
         scaling({}, lambda n: n, [1, 2])
-
-
-def test_interleaved_wall_times_alternate_and_take_the_median() -> None:
-    calls = []
-    durations = {"a": iter([0.001, 0.02, 0.001]), "b": iter([0.03, 0.03, 0.001])}
-
-    def run(name: str) -> None:
-        calls.append(name)
-        time.sleep(next(durations[name]))
-
-    times = interleaved_wall_times({"a": lambda: run("a"), "b": lambda: run("b")}, rounds=3)
-    assert calls == ["a", "b"] * 3                      # one call each per round, in turn
-    assert 0.001 <= times["a"] < 0.015 and times["b"] >= 0.03   # the medians
-    with pytest.raises(ValueError, match="rounds"):
-        interleaved_wall_times({"a": lambda: None}, rounds=0)
