@@ -128,3 +128,19 @@ def test_trained_vocabulary_has_the_requested_size(wp) -> None:
 def test_errors(call, error, match) -> None:
     with pytest.raises(error, match=match):
         call()
+
+
+def test_hf_wordpiece_trainer_uses_the_count_rule_instead() -> None:
+    """What the chapter says about HF: its WordPieceTrainer merges by BPE's count, so on the same
+    words its first merge is the most frequent pair (##u ##g, 20 times), not the best score."""
+    from tokenizers import Tokenizer, models, trainers
+    counts = {"hug": 10, "pug": 5, "pun": 12, "bun": 4, "hugs": 5}
+    text = " ".join(w for w, c in counts.items() for _ in range(c))
+    hf = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    hf_alphabet = 12   # [UNK], b g h n p s u, ##u ##g ##s ##n: HF adds every character both ways
+    hf.train_from_iterator([text], trainers.WordPieceTrainer(
+        vocab_size=hf_alphabet + 1, special_tokens=["[UNK]"], show_progress=False))
+    first_hf = [t for t, i in hf.get_vocab().items() if i == hf_alphabet]
+    ours = WordPiece.train(text, vocab_size=8 + 1, special_tokens=["[UNK]"])   # 8: [UNK] + 7
+    assert first_hf == ["##ug"] and ours.vocab[-1] == "##gs"
