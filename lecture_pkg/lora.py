@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lecture_pkg.checks import check_float_tensor, check_int
-from lecture_pkg.quant import Linear4bit
+from lecture_pkg.quant import Linear4bit, name_matches
 
 __all__ = [
     "Adapter",
@@ -152,8 +152,8 @@ def _matching(model: nn.Module, targets: tuple[str, ...], kind: type | tuple[typ
     """Qualified names of ``kind`` modules equal to a target or ending with ``"." + target``."""
     if isinstance(targets, str):
         targets = (targets,)
-    names = [name for name, module in model.named_modules() if isinstance(module, kind)
-             and any(name == t or name.endswith("." + t) for t in targets)]
+    names = [name for name, module in model.named_modules()
+             if isinstance(module, kind) and name_matches(name, targets)]
     if not names:
         available = sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
                             if isinstance(module, kind)})
@@ -200,8 +200,7 @@ def mark_only_trainable(model: nn.Module, also: tuple[str, ...] = ()) -> None:
         if isinstance(module, LoRALinear):
             module.lora_A.requires_grad_(True)
             module.lora_B.requires_grad_(True)
-        elif isinstance(module, (Adapter, SoftPrompt)) or (
-                also and any(name == t or name.endswith("." + t) for t in also)):
+        elif isinstance(module, (Adapter, SoftPrompt)) or name_matches(name, also):
             for p in module.parameters():
                 p.requires_grad_(True)
 

@@ -52,6 +52,7 @@ __all__ = [
     "fp4_codes",
     "int4_codes",
     "int8_matmul",
+    "name_matches",
     "nf4_codes",
     "quantize_4bit",
     "quantize_blockwise",
@@ -63,7 +64,7 @@ __all__ = [
 ]
 
 
-def check_blocksize(name: str, value: object) -> int:
+def _check_blocksize(name: str, value: object) -> int:
     """``value`` if it is a power-of-two int >= 2 (bitsandbytes' rule: blocks tile memory)."""
     check_int(name, value, minimum=2)
     if value & (value - 1):
@@ -154,7 +155,7 @@ def blockwise_absmax_quantize(x: Tensor, blocksize: int = 64) -> tuple[Tensor, T
     Dequantise with :func:`blockwise_absmax_dequantize`. The last block may be shorter.
     """
     check_float_tensor("x", x)
-    check_blocksize("blocksize", blocksize)
+    _check_blocksize("blocksize", blocksize)
     scaled, absmax = _scale_blocks(x, blocksize)
     return torch.round(127 * scaled).to(torch.int8), 127 / absmax.clamp(min=1e-38)
 
@@ -283,7 +284,7 @@ def quantize_blockwise(x: Tensor, codes: Tensor, blocksize: int) -> tuple[Tensor
     x: any shape, floating; codes: sorted, at most 256 entries in [-1, 1].
     """
     check_float_tensor("x", x)
-    check_blocksize("blocksize", blocksize)
+    _check_blocksize("blocksize", blocksize)
     if codes.numel() > 256:
         raise ValueError(f"codes must have at most 256 entries for uint8, got {codes.numel()}")
     scaled, absmax = _scale_blocks(x, blocksize)
@@ -502,7 +503,7 @@ def quantize_linears(model: nn.Module, skip: tuple[str, ...] = (), blocksize: in
     """
     replaced = []
     for name, module in list(model.named_modules()):
-        if not isinstance(module, nn.Linear) or _matches(name, skip):
+        if not isinstance(module, nn.Linear) or name_matches(name, skip):
             continue
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent), child,
@@ -511,6 +512,7 @@ def quantize_linears(model: nn.Module, skip: tuple[str, ...] = (), blocksize: in
     return replaced
 
 
-def _matches(name: str, targets: tuple[str, ...]) -> bool:
-    """True when ``name`` is one of ``targets`` or ends with ``"." + target``."""
+def name_matches(name: str, targets: tuple[str, ...]) -> bool:
+    """True when the qualified module name ``name`` is one of ``targets`` or ends with
+    ``"." + target`` (so "value" matches "layer.0.attention.value" but not "layer.0.novalue")."""
     return any(name == t or name.endswith("." + t) for t in targets)
