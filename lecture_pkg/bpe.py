@@ -41,7 +41,7 @@ import re
 import sys
 import unicodedata
 from collections import Counter, defaultdict
-from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from os import PathLike
 from typing import Any, TypeVar
@@ -51,7 +51,8 @@ from lecture_pkg.checks import check_int
 __all__ = [
     "GPT2_PATTERN", "ByteLevelBPE", "apply_bpe", "bpe_steps", "bytes_to_unicode",
     "check_special_tokens", "check_token_ids", "gpt2_pattern", "iter_merges", "iter_merges_recount", "learn_bpe",
-    "learned_vocabulary", "merge_pair", "pair_counts", "pretokenize", "split_on_special_tokens",
+    "learned_vocabulary", "merge_pair", "pair_counts", "pretokenize", "segment_with_special_tokens",
+    "split_on_special_tokens",
     "word_counts",
 ]
 
@@ -371,6 +372,20 @@ def split_on_special_tokens(text: str, special_tokens: Sequence[str]) -> list[tu
     pattern = "|".join(re.escape(t) for t in sorted(special_tokens, key=len, reverse=True))
     pieces = re.split(f"({pattern})", text)   # odd positions hold the matched special tokens
     return [(piece, k % 2 == 1) for k, piece in enumerate(pieces) if piece]
+
+
+def segment_with_special_tokens(text: str, special_tokens: Sequence[str],
+                                pretokenize: Callable[[str], list[str]],
+                                encode_word: Callable[[str], list[str]]) -> list[str]:
+    """The tokens of ``text`` for a word-level tokenizer: each special token whole, the text
+    between them pre-tokenized into words and each word encoded into pieces."""
+    out: list[str] = []
+    for chunk, special in split_on_special_tokens(text, special_tokens):
+        if special:
+            out.append(chunk)
+        else:
+            out.extend(piece for word in pretokenize(chunk) for piece in encode_word(word))
+    return out
 
 
 # --------------------------------------------------------------------------------------------

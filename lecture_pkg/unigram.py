@@ -31,7 +31,9 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from lecture_pkg.bpe import check_special_tokens, check_token_ids, split_on_special_tokens
+from lecture_pkg.bpe import (
+    check_special_tokens, check_token_ids, segment_with_special_tokens, split_on_special_tokens,
+)
 from lecture_pkg.checks import check_int
 
 __all__ = ["SPACE", "T5_SPECIAL_TOKENS", "Unigram", "metaspace_pretokenize"]
@@ -127,13 +129,7 @@ class Unigram:
     def tokens(self, text: str) -> list[str]:
         """The token strings of ``text``: special tokens whole, the rest pre-tokenized and
         segmented word by word."""
-        out: list[str] = []
-        for chunk, special in split_on_special_tokens(text, self.special_tokens):
-            if special:
-                out.append(chunk)
-            else:
-                out.extend(p for word in metaspace_pretokenize(chunk) for p in self.encode_word(word))
-        return out
+        return segment_with_special_tokens(text, self.special_tokens, metaspace_pretokenize, self.encode_word)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``."""

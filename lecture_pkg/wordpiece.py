@@ -29,7 +29,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from lecture_pkg.bpe import (
-    check_special_tokens, check_token_ids, merge_pair, pair_counts, split_on_special_tokens,
+    check_special_tokens, check_token_ids, merge_pair, pair_counts, segment_with_special_tokens,
+    split_on_special_tokens,
 )
 from lecture_pkg.checks import check_int
 
@@ -158,13 +159,7 @@ class WordPiece:
 
     def tokens(self, text: str) -> list[str]:
         """The token strings of ``text``: special tokens whole, every other word in pieces."""
-        out: list[str] = []
-        for chunk, special in split_on_special_tokens(text, self.special_tokens):
-            if special:
-                out.append(chunk)
-            else:
-                out.extend(p for word in bert_pretokenize(chunk) for p in self.encode_word(word))
-        return out
+        return segment_with_special_tokens(text, self.special_tokens, bert_pretokenize, self.encode_word)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``."""
