@@ -17,12 +17,12 @@ import argparse
 import copy
 import os
 import platform
-import statistics
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
+from attention import interleaved_median_times  # benchmarks/attention.py, same folder
 from lecture_pkg.lora import inject_lora, mark_only_trainable
 from lecture_pkg.measure import peak_memory, wall_time
 from lecture_pkg.quant import Linear4bit, dequantize_nf4, quantize_linears, quantize_nf4
@@ -30,13 +30,16 @@ from lecture_pkg.quant import Linear4bit, dequantize_nf4, quantize_linears, quan
 MIB = 2**20
 
 
-def interleaved_median_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Median seconds per function, rounds interleaved so that machine load hits all alike."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            times[name].append(wall_time(fn, repeats=1, warmup=0))
-    return {name: statistics.median(ts) for name, ts in times.items()}
+def print_ratios(times: dict[str, float], rows: tuple[str, ...], reference: str,
+                 target: float, extra: Callable[[float], str] | None = None) -> None:
+    """One table row per entry of ``rows``: our time, the reference's, and the speed ratio
+    (reference time / ours) against ``target``."""
+    for row in rows:
+        ours, ref = times[f"ours {row}"], times[f"{reference} {row}"]
+        ratio = ref / ours
+        cells = [row, f"{ours:.4f}", f"{ref:.4f}"] + ([extra(ours)] if extra else [])
+        verdict = "met" if ratio >= target else "**not met**"
+        print("| " + " | ".join(cells) + f" | {ratio:.2f} | {verdict} (>= {target}) |")
 
 
 def nf4_throughput(repeats: int) -> None:
@@ -57,11 +60,8 @@ def nf4_throughput(repeats: int) -> None:
     print(f"\n## 1. NF4 on a 4096 x 4096 float32 weight (16.8 M values), median of {repeats}")
     print("| step | ours s | bitsandbytes s | ours GB/s of fp32 | speed ratio ours/bnb | target |")
     print("|---|---|---|---|---|---|")
-    for step in ("quantise", "dequantise"):
-        ours, ref = times[f"ours {step}"], times[f"bnb {step}"]
-        ratio = ref / ours
-        print(f"| {step} | {ours:.4f} | {ref:.4f} | {w.numel() * 4 / ours / 1e9:.2f} | "
-              f"{ratio:.2f} | {'met' if ratio >= 0.5 else '**not met**'} (>= 0.5) |")
+    print_ratios(times, ("quantise", "dequantise"), "bnb", 0.5,
+                 extra=lambda seconds: f"{w.numel() * 4 / seconds / 1e9:.2f}")
 
 
 def minilm():
@@ -112,11 +112,7 @@ def lora_against_peft(repeats: int, size: int, length: int) -> None:
           f"{size} x {length} tokens, median of {repeats}")
     print("| pass | ours s | peft s | speed ratio ours/peft | target |")
     print("|---|---|---|---|---|")
-    for kind in ("fwd", "fwd+bwd"):
-        ours_s, peft_s = times[f"ours {kind}"], times[f"peft {kind}"]
-        ratio = peft_s / ours_s
-        print(f"| {kind} | {ours_s:.4f} | {peft_s:.4f} | {ratio:.2f} | "
-              f"{'met' if ratio >= 1.0 else '**not met**'} (>= 1.0) |")
+    print_ratios(times, ("fwd", "fwd+bwd"), "peft", 1.0)
 
 
 def frozen_bytes(model: nn.Module) -> int:
