@@ -318,3 +318,25 @@ def test_shape_and_table_errors() -> None:
         Linear4bit.from_linear(torch.nn.Conv1d(2, 2, 1))
     with pytest.raises(ValueError, match="offset must lie"):
         nf4_codes(offset=1.0)
+
+
+# --- GPU (skipped without CUDA) -------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_nf4_and_linear4bit_on_cuda_equal_cpu() -> None:
+    x = randn(512, 256, seed=17)
+    packed, absmax = quantize_nf4(x)
+    cuda_packed, cuda_absmax = quantize_nf4(x.cuda())
+    assert torch.equal(cuda_packed.cpu(), packed) and torch.equal(cuda_absmax.cpu(), absmax)
+    back = dequantize_nf4(cuda_packed, cuda_absmax, (512, 256), dtype=torch.bfloat16)
+    assert back.device.type == "cuda"
+    assert torch.equal(back.cpu(), dequantize_nf4(packed, absmax, (512, 256),
+                                                  dtype=torch.bfloat16))
+    linear = torch.nn.Linear(256, 64)
+    layer = Linear4bit.from_linear(linear.cuda(), compute_dtype=torch.bfloat16)
+    y = layer(randn(3, 256, seed=18).cuda())
+    assert y.dtype == torch.float32 and y.device.type == "cuda"
+    bf = pytest.importorskip("bitsandbytes.functional")
+    ref_packed, state = bf.quantize_4bit(x.cuda(), blocksize=64, quant_type="nf4")
+    # bitsandbytes' CUDA kernel: same codes except where a value sits on a midpoint
+    assert (cuda_packed != ref_packed.view(-1)).float().mean() < 1e-3
