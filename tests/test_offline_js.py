@@ -37,3 +37,27 @@ def test_every_vendored_file_is_declared_in_package_json() -> None:
     for lib in VENDORED:
         package = "/".join(lib.file.split("/")[:2]) if lib.file.startswith("@") else lib.file.split("/")[0]
         assert package in declared, f"{package} is vendored but not in package.json"
+
+
+BERTVIZ = """<script src="https://cdnjs.cloudflare.com/ajax/libs/require.js/2.3.6/require.min.js"></script>
+<script type="text/javascript">
+require.config({
+  paths: {
+      d3: 'https://cdnjs.cloudflare.com/ajax/libs/d3/5.7.0/d3.min',
+    jquery: 'https://cdnjs.cloudflare.com/ajax/libs/jquery/2.0.0/jquery.min',
+  }
+});
+</script>"""
+
+
+def test_bertviz_modules_point_at_vendored_copies_without_extension(tmp_path: Path) -> None:
+    """bertviz names d3 and jQuery as require.js module paths: require.js appends ".js", so the
+    local path must not end in it (d3.min.js.js would 404)."""
+    html, used = localise_page(BERTVIZ, tmp_path / "book" / "07a_bert.html",
+                               tmp_path / "_static" / "vendor")
+    assert "d3: '../_static/vendor/d3/dist/d3.min'," in html
+    assert "jquery: '../_static/vendor/jquery/dist/jquery.min'," in html
+    assert '<script src="../_static/vendor/requirejs/require.js"></script>' in html
+    assert "cdnjs" not in html
+    assert {lib.file for lib in used} == {"requirejs/require.js", "d3/dist/d3.min.js",
+                                         "jquery/dist/jquery.min.js"}

@@ -2,7 +2,8 @@
 
 Pages reference their JavaScript on CDNs: altair's charts load vega, vega-lite and vega-embed from
 jsdelivr, myst-nb loads require.js (cdnjs) and the jupyter-widgets HTML manager (jsdelivr) on pages
-with widgets, and Sphinx loads MathJax (jsdelivr). Offline, figures stay blank and math stays raw.
+with widgets, bertviz's views load require.js, d3 and jQuery (cdnjs) and Sphinx loads MathJax
+(jsdelivr). Offline, figures stay blank and math stays raw.
 
 When ``npm ci`` has filled ``node_modules/`` (see package.json), this extension copies the needed
 files into ``_build/html/_static/vendor/`` after the build and points every page at them. The
@@ -34,13 +35,15 @@ class Library:
         path under _static/vendor/. folders: folders next to ``file`` that it fetches at run time
         (MathJax's fonts). from_page: a node_modules folder whose fonts the library requests relative
         to the *page* (the widgets bundle has an empty webpack publicPath); copied next to each
-        page that uses it.
+        page that uses it. module: the page names it as a require.js module path, which require.js
+        completes with ".js" (bertviz's d3 and jQuery), so the substitute leaves the extension off.
     """
 
     cdn: re.Pattern[str]
     file: str
     folders: tuple[str, ...] = ()
     from_page: str | None = None
+    module: bool = False
 
 
 VENDORED = [
@@ -53,6 +56,10 @@ VENDORED = [
             "requirejs/require.js"),
     Library(re.compile(r"https://cdn\.jsdelivr\.net/npm/@jupyter-widgets/html-manager@[0-9.^]+/dist/embed-amd\.js"),
             "@jupyter-widgets/html-manager/dist/embed-amd.js", from_page="@jupyter-widgets/html-manager/dist"),
+    Library(re.compile(r"https://cdnjs\.cloudflare\.com/ajax/libs/d3/[0-9.]+/d3\.min(?=['\"])"),
+            "d3/dist/d3.min.js", module=True),  # bertviz
+    Library(re.compile(r"https://cdnjs\.cloudflare\.com/ajax/libs/jquery/[0-9.]+/jquery\.min(?=['\"])"),
+            "jquery/dist/jquery.min.js", module=True),  # bertviz
     Library(re.compile(r"https://cdn\.jsdelivr\.net/npm/mathjax@3/es5/tex-mml-chtml\.js"),
             "mathjax/es5/tex-mml-chtml.js", folders=("output/chtml/fonts/woff-v2", "input/tex/extensions", "ui", "a11y")),
 ]
@@ -66,6 +73,8 @@ def localise_page(html: str, page: Path, vendor_dir: Path) -> tuple[str, list[Li
     used = []
     for lib in VENDORED:
         local = Path(os.path.relpath(vendor_dir / lib.file, page.parent)).as_posix()
+        if lib.module:
+            local = local.removesuffix(".js")
         html, count = lib.cdn.subn(local, html)
         if count:
             used.append(lib)
