@@ -136,11 +136,14 @@ def _scale_blocks(x: Tensor, blocksize: int) -> tuple[Tensor, Tensor]:
 
 
 def _unscale_blocks(values: Tensor, absmax: Tensor, blocksize: int) -> Tensor:
-    """values (flat, n) times the absmax of their block; the inverse of :func:`_scale_blocks`."""
+    """values (flat, n) times the absmax of their block; the inverse of :func:`_scale_blocks`.
+
+    ``values`` must be a fresh tensor: it is multiplied in place, which saves a pass over memory
+    (dequantisation is memory-bound)."""
     n = values.numel()
     if n % blocksize:
         values = F.pad(values, (0, absmax.numel() * blocksize - n))
-    return (values.reshape(-1, blocksize) * absmax[:, None]).view(-1)[:n]
+    return values.view(-1, blocksize).mul_(absmax[:, None]).view(-1)[:n]
 
 
 def _nearest_code(scaled: Tensor, codes: Tensor) -> Tensor:
