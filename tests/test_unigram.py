@@ -36,7 +36,11 @@ def segmentations(word: str):
             yield [word[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
-pieces = st.dictionaries(st.text("abc", min_size=1, max_size=3), st.floats(-9, -0.5), min_size=1)
+# every letter is a piece, so every word is spellable and no <unk> node enters the lattice (an
+# unknown character scores UNK_PENALTY below the least likely piece and can win a tie, as in HF)
+pieces = st.tuples(st.dictionaries(st.text("abc", min_size=2, max_size=3), st.floats(-9, -0.5)),
+                   st.fixed_dictionaries({c: st.floats(-9, -0.5) for c in "abc"})
+                   ).map(lambda dicts: {**dicts[1], **dicts[0]})
 
 
 @settings(max_examples=300, deadline=None)
@@ -45,19 +49,15 @@ def test_viterbi_is_the_best_segmentation(scores, word) -> None:
     model = Unigram(scores)
     spellable = [seg for seg in segmentations(word) if all(p in scores for p in seg)]
     got = model.encode_word(word)
-    if spellable:
-        best = max(sum(scores[p] for p in seg) for seg in spellable)
-        assert math.isclose(sum(scores[p] for p in got), best, abs_tol=1e-9)
-    else:
-        assert model.unk_token in got
+    best = max(sum(scores[p] for p in seg) for seg in spellable)
+    assert "".join(got) == word
+    assert math.isclose(sum(scores[p] for p in got), best, abs_tol=1e-9)
 
 
 @settings(max_examples=200, deadline=None)
 @given(pieces, st.text("abc", min_size=1, max_size=6))
 def test_expected_counts_match_enumeration(scores, word) -> None:
     spellable = [seg for seg in segmentations(word) if all(p in scores for p in seg)]
-    if not spellable:
-        return
     probs = [math.exp(sum(scores[p] for p in seg)) for seg in spellable]
     total = sum(probs)
     expected: dict[str, float] = {}
@@ -113,6 +113,10 @@ def test_unknown_characters_make_one_unk() -> None:
     model = Unigram({SPACE: -1.0, "a": -2.0})
     assert model.tokens("a😊😊a") == [SPACE, "a", "<unk>", "a"]
     assert model.tokens("<unk>a") == ["<unk>", SPACE, "a"]          # the special token, matched whole
+    # an unknown character can win a tie against a spelling from known pieces, in HF as here
+    tie = Unigram({SPACE: -1.0, "a": -5.0, "b": -6.0, "cc": -6.0, "cba": -1.0})
+    assert tie.encode_word("ccba") == ["<unk>", "cba"]
+    assert tie.to_hf_tokenizer().encode("ccba").ids == tie.encode("ccba")
 
 
 def test_special_tokens_are_never_split_or_learned() -> None:

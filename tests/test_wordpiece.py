@@ -4,6 +4,8 @@ likelihood-score trainer against a brute-force restatement of its rule."""
 
 from __future__ import annotations
 
+import unicodedata
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -26,9 +28,17 @@ def hf(wp):
 LINES = pydoc_topics()[100_000:140_000].splitlines()
 SPECIAL = ["[CLS] Hello, y'all! [SEP]", "naïve café_x $5 ¿qué?", "東京は日本の首都です。", "[MASK][PAD]x",
            "e\u0301 \u2028\u00a0\u3000 tab\there", "[CLS[SEP]]", "a" * 120]
-texts = st.one_of(st.text(),
+# Characters that Unicode 3.2 already had, in the same category as today: the Unicode tables
+# inside tokenizers are older than Python's, so punctuation added since (U+11A3F, ...) is split
+# by this Python but not by HF's BertPreTokenizer.
+STABLE_CHARS = [chr(cp) for cp in range(0x30000)
+                if not 0xD800 <= cp < 0xE000
+                and unicodedata.ucd_3_2_0.category(chr(cp)) != "Cn"
+                and unicodedata.ucd_3_2_0.category(chr(cp)) == unicodedata.category(chr(cp))]
+texts = st.one_of(st.text(st.sampled_from(STABLE_CHARS)),
                   st.lists(st.sampled_from(LINES + SPECIAL), max_size=4).map("\n".join),
-                  st.lists(st.one_of(st.text(max_size=4), st.sampled_from(SPECIAL)), max_size=6).map("".join))
+                  st.lists(st.one_of(st.text(st.sampled_from(STABLE_CHARS), max_size=4),
+                                     st.sampled_from(SPECIAL)), max_size=6).map("".join))
 
 
 def test_greedy_longest_match_and_whole_word_unk() -> None:
@@ -144,3 +154,12 @@ def test_hf_wordpiece_trainer_uses_the_count_rule_instead() -> None:
     first_hf = [t for t, i in hf.get_vocab().items() if i == hf_alphabet]
     ours = WordPiece.train(text, vocab_size=8 + 1, special_tokens=["[UNK]"])   # 8: [UNK] + 7
     assert first_hf == ["##ug"] and ours.vocab[-1] == "##gs"
+
+
+def test_where_unicode_versions_disagree() -> None:
+    """Why the property tests above draw from STABLE_CHARS: U+11A3F (Unicode 10) is punctuation
+    for this Python, a word character for the older tables inside tokenizers."""
+    text = "0\U00011A3F"
+    assert unicodedata.category("\U00011A3F") == "Po"
+    assert bert_pretokenize(text) == ["0", "\U00011A3F"]
+    assert [w for w, _ in pre_tokenizers.BertPreTokenizer().pre_tokenize_str(text)] == [text]
