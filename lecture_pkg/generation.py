@@ -230,8 +230,11 @@ def beam_search(step: Step, input_ids: Tensor, *, num_beams: int = 4, max_new_to
     At each step the 2 * num_beams best continuations of all beams are ranked by log P; a
     continuation with a stop token becomes a finished hypothesis when it ranks among the first
     num_beams (as in fairseq and HF), the others fill the next beams. An example is done when
-    it has num_beams finished hypotheses; after ``max_new_tokens`` its open beams count as
-    finished too. With num_beams = 1 this is exactly :func:`greedy_search`. The paper
+    it has num_beams finished hypotheses and its best open beam, scored at its current
+    length, ranks below all of them (HF's rule; stopping at num_beams finished hypotheses
+    alone would return improbable short outputs that finished early while the most probable
+    one was still open). After ``max_new_tokens`` the open beams count as finished too. With
+    num_beams = 1 this is exactly :func:`greedy_search`. The paper
     (Vaswani et al. 2017) uses 4 beams, alpha = 0.6 and max_new_tokens = source length + 50.
 
     input_ids: (batch, t); ``step`` sees batch * num_beams rows. Returns (batch, t + t_out), and
@@ -279,7 +282,10 @@ def beam_search(step: Step, input_ids: Tensor, *, num_beams: int = 4, max_new_to
                     next_scores[b, slot], next_parent[b, slot] = score, parent
                     next_token[b, slot] = token
                     slot += 1
-            done[b] = len(finished[b]) >= beams
+            if len(finished[b]) >= beams:  # done unless an open beam could still rank higher
+                kth_best = sorted(score for score, _ in finished[b])[-beams]
+                best_open = next_scores[b, 0].item() / gnmt_length_penalty(length, length_penalty)
+                done[b] = best_open <= kth_best
         if all(done):
             break
         rows = (torch.arange(batch, device=device)[:, None] * beams + next_parent).reshape(-1)

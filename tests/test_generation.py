@@ -214,8 +214,11 @@ def test_wide_beam_finds_the_true_best_sequence(seed: int, alpha: float) -> None
         assert scores[b].item() == pytest.approx(score, abs=1e-9)
 
 
-def test_beam_search_beats_greedy_on_its_own_objective() -> None:
-    model, ids = TinyLM(vocab=4, seed=5, sharpness=1.0), prompts(6, vocab=4, seed=5)
+@pytest.mark.parametrize(("sharpness", "alpha"), [(1.0, 0.6), (6.0, 0.0), (6.0, 0.6)])
+def test_beam_search_beats_greedy_on_its_own_objective(sharpness: float, alpha: float) -> None:
+    # a peaked model (sharpness 6, like a trained one) is where stopping as soon as num_beams
+    # unlikely hypotheses have finished would return them instead of the probable open one
+    model, ids = TinyLM(vocab=4, seed=5, sharpness=sharpness), prompts(16, vocab=4, seed=5)
 
     def objective(out: Tensor) -> list[float]:
         result = []
@@ -225,12 +228,12 @@ def test_beam_search_beats_greedy_on_its_own_objective() -> None:
             with torch.no_grad():
                 lp = model(row[None, :1 + len(gen) + 1][:, :-1]).log_softmax(-1)[0, 1:]
             total = lp.gather(-1, torch.tensor(gen)[:, None]).sum().item()
-            result.append(total / gnmt_length_penalty(len(gen)))
+            result.append(total / gnmt_length_penalty(len(gen), alpha))
         return result
 
     greedy = run(greedy_search, model, ids, use_cache=True, max_new_tokens=6, eos_token_id=EOS)
     beam = run(beam_search, model, ids, use_cache=True, max_new_tokens=6, eos_token_id=EOS,
-               num_beams=8)
+               num_beams=3, length_penalty=alpha)
     pairs = list(zip(objective(beam), objective(greedy)))
     assert all(b >= g - 1e-9 for b, g in pairs)
 

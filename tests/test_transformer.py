@@ -40,6 +40,7 @@ def small(**overrides) -> Transformer:  # noqa: ANN003
 # Equality with torch.nn.Transformer
 # --------------------------------------------------------------------------------------------
 
+@pytest.mark.filterwarnings("ignore:enable_nested_tensor is True")
 @pytest.mark.parametrize("norm_first", [False, True])
 @pytest.mark.parametrize("train_mode", [False, True])
 def test_from_torch_equals_nn_transformer_with_padding_and_causal_masks(
@@ -47,8 +48,7 @@ def test_from_torch_equals_nn_transformer_with_padding_and_causal_masks(
     torch.manual_seed(0)
     reference = nn.Transformer(d_model=16, nhead=4, num_encoder_layers=2, num_decoder_layers=3,
                                dim_feedforward=24, dropout=0.0, batch_first=True,
-                               norm_first=norm_first, dtype=torch.float64,
-                               enable_nested_tensor=False)
+                               norm_first=norm_first, dtype=torch.float64)
     reference.train(train_mode)
     model = Transformer.from_torch(reference, 13, 13).train(train_mode)
     src, tgt = ids(3, 7, 13, seed=1), ids(3, 5, 13, seed=2)
