@@ -104,3 +104,29 @@ def test_nadaraya_watson_chart_has_slider_and_marks(server: tuple[str, list[tupl
     for lib in ("vega.min.js", "vega-lite.min.js", "vega-embed.min.js", "require.js", "embed-amd.js",
                 "tex-mml-chtml.js"):
         assert lib in served, f"{lib} was not loaded from the book's own _static/vendor"
+
+
+BERTVIZ_CHAPTERS = [c for c in CHAPTERS
+                    if "bertviz-" in (ROOT / "book" / f"{c}.ipynb").read_text(encoding="utf-8")]
+
+
+@pytest.mark.parametrize("chapter", BERTVIZ_CHAPTERS)
+def test_bertviz_views_draw_their_svg(server: tuple[str, list[tuple[str, int]]],
+                                      chapter: str) -> None:
+    """Every bertviz view (head view, model view) on the page draws an <svg> with token labels
+    inside its own container: require.js, d3 and jQuery came from the book's _static/vendor."""
+    base, log = server
+    source = (HTML / "book" / f"{chapter}.html").read_text(encoding="utf-8")
+    views = list(dict.fromkeys(re.findall(r'<div id="(bertviz-[0-9a-f]{32})"', source)))
+    assert views, f"{chapter}: the notebook has bertviz output but the page has no view"
+    dom = rendered_dom(f"{base}/book/{chapter}.html")
+    for view in views:
+        start = dom.find(f'id="{view}"')
+        assert start >= 0, f"{chapter}: {view} missing from the rendered page"
+        following = dom.find('id="bertviz-', start + 1)
+        block = dom[start:following if following > 0 else len(dom)]
+        assert "<svg" in block, f"{chapter}: bertviz view {view} drew no SVG"
+        assert len(re.findall(r"<text\b", block)) >= 4, f"{chapter}: {view} has no token labels"
+    served = json.dumps(log)
+    for lib in ("d3.min.js", "jquery.min.js", "require.js"):
+        assert lib in served, f"{lib} was not loaded from the book's own _static/vendor"

@@ -61,3 +61,16 @@ def test_bertviz_modules_point_at_vendored_copies_without_extension(tmp_path: Pa
     assert "cdnjs" not in html
     assert {lib.file for lib in used} == {"requirejs/require.js", "d3/dist/d3.min.js",
                                          "jquery/dist/jquery.min.js"}
+
+
+def test_require_js_is_loaded_once_in_the_head(tmp_path: Path) -> None:
+    """bertviz's require.js tag in the body moves to <head> (before altair's loader runs), and a
+    page whose head already loads it (myst-nb on widget pages) keeps that one only."""
+    body = f"<html><head><title>x</title></head><body><p>chart</p>{BERTVIZ}{BERTVIZ}</body></html>"
+    html, _ = localise_page(body, tmp_path / "book" / "07a_bert.html", tmp_path / "_static" / "vendor")
+    tag = '<script src="../_static/vendor/requirejs/require.js"></script>'
+    assert html.count(tag) == 1 and html.index(tag) < html.index("</head>")
+    with_head = body.replace("<title>x</title>", f"<title>x</title>{BERTVIZ.splitlines()[0]}")
+    html, _ = localise_page(with_head, tmp_path / "book" / "07a_bert.html",
+                            tmp_path / "_static" / "vendor")
+    assert html.count(tag) == 1 and html.index(tag) < html.index("</head>")

@@ -79,7 +79,28 @@ def localise_page(html: str, page: Path, vendor_dir: Path) -> tuple[str, list[Li
         if count:
             used.append(lib)
     # A CDN tag's Subresource-Integrity hash names the CDN's build; the browser would refuse our copy.
-    return VENDOR_TAG.sub(lambda tag: INTEGRITY.sub("", tag.group(0)), html), used
+    html = VENDOR_TAG.sub(lambda tag: INTEGRITY.sub("", tag.group(0)), html)
+    return _require_once_in_head(html), used
+
+
+REQUIRE_TAG = re.compile(r'<script\b[^>]*src="[^"]*_static/vendor/requirejs/require\.js"[^>]*>\s*</script>\n?')
+
+
+def _require_once_in_head(html: str) -> str:
+    """Load require.js once, in <head>. bertviz's output loads it in the body, after altair's
+    loader has already started vega as plain scripts; vega's UMD bundles then register as
+    anonymous AMD modules instead of globals and the charts stay blank. A tag already in <head>
+    (myst-nb's, on widget pages) is kept where it is; later copies are dropped."""
+    tags = list(REQUIRE_TAG.finditer(html))
+    head_end = html.find("</head>")
+    if not tags or head_end < 0:
+        return html
+    first_in_head = tags[0].start() < head_end
+    for tag in reversed(tags[1:] if first_in_head else tags):
+        html = html[:tag.start()] + html[tag.end():]
+    if not first_in_head:
+        html = html.replace("</head>", tags[0].group(0).strip() + "\n</head>", 1)
+    return html
 
 
 def vendor_javascript(app: Sphinx, exception: Exception | None) -> None:
