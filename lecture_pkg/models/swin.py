@@ -23,6 +23,8 @@ and :class:`lecture_pkg.attention.MultiHeadAttention`:
 
 The float mask handed to :class:`MultiHeadAttention` is the bias plus ``finfo.min`` where the
 shift mask blocks (the reference code adds -100, whose weight e^-100 is zero in float32).
+Stochastic depth (``drop_path_rate``) drops both residual branches, as in the paper's code;
+Hugging Face 5.x drops only the attention branch. Evaluation outputs are unaffected.
 
 Shapes: pixel_values (batch, channels, height, width); token maps (batch, H, W, C).
 """
