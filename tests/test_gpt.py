@@ -239,10 +239,12 @@ def test_cache_grows_by_the_new_tokens(pair) -> None:
 def test_clear_errors(pair) -> None:
     _, ours = pair
     ids = torch.randint(0, VOCAB, (1, 5))
-    with pytest.raises(ValueError, match="outside the vocabulary"):
+    with pytest.raises(ValueError, match=r"input_ids must lie in \[0, 97\) \(the vocabulary\)"):
         ours(torch.tensor([[3, VOCAB]]))
-    with pytest.raises(ValueError, match="outside the vocabulary"):
+    with pytest.raises(ValueError, match="the vocabulary"):
         ours(torch.tensor([[-1, 3]]))
+    with pytest.raises(ValueError, match="at least one token"):
+        ours(torch.zeros(2, 0, dtype=torch.long))
     with pytest.raises(TypeError, match="integer tensor"):
         ours(ids.float())
     with pytest.raises(ValueError, match="outside the context"):
@@ -262,7 +264,7 @@ def test_clear_errors(pair) -> None:
         ours.generate(ids, do_sample=True, top_k=0, max_new_tokens=5)
     with pytest.raises(ValueError, match="do_sample=True"):
         ours.generate(ids, temperature=0.5, max_new_tokens=5)
-    with pytest.raises(ValueError, match="attention_mask must have shape"):
+    with pytest.raises(ValueError, match="attention_mask must have the shape"):
         ours(ids, torch.ones(1, 4, dtype=torch.long))
     with pytest.raises(TypeError, match="GPT2LMHeadModel"):
         GPT.from_hf(transformers.GPT2Model(hf_config()))

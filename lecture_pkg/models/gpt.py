@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from lecture_pkg.attention import KVCache
 from lecture_pkg.checks import check_int
 from lecture_pkg.layers import EncoderLayer
+from lecture_pkg.models.common import check_hf_class, check_padding_mask, check_token_ids
 
 __all__ = ["GPT", "GPTConfig", "GPTForSequenceClassification", "GPTOutput", "lm_batches",
            "next_token_loss"]
@@ -143,7 +144,7 @@ class GPT(nn.Module):
         self._check_input_ids(input_ids)
         batch, t = input_ids.shape
         past = self._check_cache(cache)
-        keep = self._key_padding_mask(attention_mask, batch, past + t, input_ids.device)
+        keep = check_padding_mask("attention_mask", attention_mask, (batch, past + t))
         if position_ids is None:
             position_ids = self._position_ids(keep, batch, past, t, input_ids.device)
         elif tuple(position_ids.shape) not in ((batch, t), (1, t)):
@@ -197,7 +198,7 @@ class GPT(nn.Module):
             raise ValueError(f"max_new_tokens={max_new_tokens} does not fit the context: the "
                              f"prompt has {t_prompt} tokens and n_positions={context} leaves "
                              f"room for {context - t_prompt}")
-        prompt_mask = self._key_padding_mask(attention_mask, batch, t_prompt, input_ids.device)
+        prompt_mask = check_padding_mask("attention_mask", attention_mask, (batch, t_prompt))
 
         def step(new: Tensor, cache: list[KVCache] | None) -> Tensor:
             mask = None
@@ -226,18 +227,10 @@ class GPT(nn.Module):
     # ---------------------------------------------------------------- argument checks
 
     def _check_input_ids(self, input_ids: Tensor) -> None:
-        if not isinstance(input_ids, Tensor) or input_ids.is_floating_point() \
-                or input_ids.dtype == torch.bool or input_ids.is_complex():
-            got = input_ids.dtype if isinstance(input_ids, Tensor) else type(input_ids).__name__
-            raise TypeError(f"input_ids must be an integer tensor of token ids, got {got}")
-        if input_ids.dim() != 2 or input_ids.shape[1] == 0:
-            raise ValueError(f"input_ids must have shape (batch, t) with t >= 1, "
-                             f"got {tuple(input_ids.shape)}")
-        low, high = int(input_ids.min()), int(input_ids.max())
-        if low < 0 or high >= self.config.vocab_size:
-            bad = low if low < 0 else high
-            raise ValueError(f"input_ids contains token id {bad}, outside the vocabulary "
-                             f"[0, {self.config.vocab_size})")
+        check_token_ids("input_ids", input_ids, self.config.vocab_size)
+        if input_ids.shape[1] == 0:
+            raise ValueError("input_ids must hold at least one token per row, got shape "
+                             f"{tuple(input_ids.shape)}")
 
     def _check_cache(self, cache: list[KVCache] | None) -> int:
         if cache is None:
@@ -247,21 +240,6 @@ class GPT(nn.Module):
             raise TypeError(f"cache must be a list of {len(self.blocks)} KVCache "
                             f"(GPT.new_cache()), got {cache!r}")
         return len(cache[0])
-
-    @staticmethod
-    def _key_padding_mask(attention_mask: Tensor | None, batch: int, t_k: int,
-                          device: torch.device) -> Tensor | None:
-        if attention_mask is None:
-            return None
-        if not isinstance(attention_mask, Tensor):
-            raise TypeError(f"attention_mask must be a tensor, got {type(attention_mask).__name__}")
-        if tuple(attention_mask.shape) != (batch, t_k):
-            raise ValueError(f"attention_mask must have shape (batch, past + t) = {(batch, t_k)}, "
-                             f"got {tuple(attention_mask.shape)}")
-        if attention_mask.dtype != torch.bool and not bool(
-                ((attention_mask == 0) | (attention_mask == 1)).all()):
-            raise ValueError("attention_mask must hold only 0/1 (or bool): 1 = real token")
-        return attention_mask.to(device=device, dtype=torch.bool)
 
     @staticmethod
     def _position_ids(keep: Tensor | None, batch: int, past: int, t: int,
@@ -305,9 +283,7 @@ class GPT(nn.Module):
     @classmethod
     def from_hf(cls, hf_model: nn.Module) -> "GPT":
         """A copy of a ``transformers.GPT2LMHeadModel``'s weights, giving equal logits."""
-        if type(hf_model).__name__ != "GPT2LMHeadModel":
-            raise TypeError(f"hf_model must be a transformers GPT2LMHeadModel, "
-                            f"got {type(hf_model).__name__}")
+        check_hf_class(hf_model, "GPT2LMHeadModel")
         weight = hf_model.transformer.wte.weight
         model = cls.from_config(hf_model.config, device=weight.device, dtype=weight.dtype)
         model.load_hf_state_dict(hf_model.state_dict())
@@ -319,7 +295,8 @@ class GPT(nn.Module):
                  ("wpe.weight", "transformer.wpe.weight", False),
                  ("ln_f.weight", "transformer.ln_f.weight", False),
                  ("ln_f.bias", "transformer.ln_f.bias", False)]
-        per_block = [("attn_block.norm", "ln_1", False), ("self_attn.out_proj", "attn.c_proj", True),
+        per_block = [("attn_block.norm", "ln_1", False),
+                     ("self_attn.out_proj", "attn.c_proj", True),
                      ("ffn_block.norm", "ln_2", False), ("ffn.linear1", "mlp.c_fc", True),
                      ("ffn.linear2", "mlp.c_proj", True)]
         for i in range(len(self.blocks)):
