@@ -125,7 +125,8 @@ def _stop_ids(eos_token_id: int | Sequence[int] | None, device: torch.device) ->
 def _check_common(step: object, input_ids: object, max_new_tokens: object, pad_token_id: object,
                   use_cache: bool, new_cache: object) -> None:
     if not callable(step):
-        raise TypeError(f"step must be callable as step(input_ids, cache), got {type(step).__name__}")
+        raise TypeError(f"step must be callable as step(input_ids, cache), "
+                        f"got {type(step).__name__}")
     if not isinstance(input_ids, Tensor) or input_ids.dtype != torch.long or input_ids.dim() != 2:
         got = (f"{input_ids.dtype} of shape {tuple(input_ids.shape)}"
                if isinstance(input_ids, Tensor) else type(input_ids).__name__)
@@ -222,7 +223,8 @@ def gnmt_length_penalty(length: int, alpha: float = 0.6) -> float:
 def beam_search(step: Step, input_ids: Tensor, *, num_beams: int = 4, max_new_tokens: int = 50,
                 eos_token_id: int | Sequence[int] | None = None, pad_token_id: int = 0,
                 length_penalty: float = 0.6, new_cache: Callable[[], Any] | None = None,
-                use_cache: bool = True, return_scores: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+                use_cache: bool = True,
+                return_scores: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """Keep the ``num_beams`` most probable prefixes of every example; return the best finished
     hypothesis by log P(Y) / lp(Y) (:func:`gnmt_length_penalty`, alpha = ``length_penalty``,
     |Y| = generated tokens including the stop token).
@@ -259,6 +261,7 @@ def beam_search(step: Step, input_ids: Tensor, *, num_beams: int = 4, max_new_to
     for length in range(1, max_new_tokens + 1):
         log_probs = _next_logits(step, ids, new, cache).double().log_softmax(dim=-1)
         vocab = log_probs.shape[-1]
+        penalty = gnmt_length_penalty(length, length_penalty)
         candidates = (scores.reshape(-1, 1) + log_probs).reshape(batch, beams * vocab)
         top_scores, top_index = candidates.topk(min(2 * beams, beams * vocab), dim=1)
         next_scores = torch.full_like(scores, -math.inf)
@@ -276,7 +279,6 @@ def beam_search(step: Step, input_ids: Tensor, *, num_beams: int = 4, max_new_to
                 if token in stop:
                     if rank < beams:
                         prefix = ids[b * beams + parent, t_prompt:].tolist()
-                        penalty = gnmt_length_penalty(length, length_penalty)
                         finished[b].append((score / penalty, prefix + [token]))
                 else:
                     next_scores[b, slot], next_parent[b, slot] = score, parent
@@ -284,7 +286,7 @@ def beam_search(step: Step, input_ids: Tensor, *, num_beams: int = 4, max_new_to
                     slot += 1
             if len(finished[b]) >= beams:  # done unless an open beam could still rank higher
                 kth_best = sorted(score for score, _ in finished[b])[-beams]
-                best_open = next_scores[b, 0].item() / gnmt_length_penalty(length, length_penalty)
+                best_open = next_scores[b, 0].item() / penalty
                 done[b] = best_open <= kth_best
         if all(done):
             break

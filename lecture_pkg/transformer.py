@@ -72,7 +72,8 @@ class Transformer(nn.Module):
                  norm: NormKind = "layer", wiring: Wiring = "post", eps: float = 1e-5,
                  share_embeddings: bool = True, tie_output: bool = True,
                  final_norm: bool | None = None, pad_token_id: int | None = None,
-                 device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
+                 device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None) -> None:
         super().__init__()
         check_int("src_vocab_size", src_vocab_size, minimum=1)
         check_int("tgt_vocab_size", tgt_vocab_size, minimum=1)
