@@ -209,3 +209,18 @@ def test_initialisation_matches_hf_statistics() -> None:
               hf.encoder.block[0].layer[0].SelfAttention.relative_attention_bias.weight)]
     for a, b in pairs:
         assert abs(a.std().item() / b.std().item() - 1) < 0.25, (a.std(), b.std())
+
+
+def test_relative_bias_is_computed_once_per_stack() -> None:
+    """The bias is computed once per forward in each stack and shared by all its layers (HF
+    computes it in the first layer and passes it on); a per-layer recomputation would be a
+    different, slower model with the same weights."""
+    ours = T5.from_config(hf_config()).eval()
+    calls = {"encoder": 0, "decoder": 0}
+    for name in calls:
+        getattr(ours, name).relative_bias.register_forward_hook(
+            lambda *_, name=name: calls.__setitem__(name, calls[name] + 1))
+    with torch.no_grad():
+        ours(**inputs())
+    assert calls == {"encoder": 1, "decoder": 1}
+    assert len(ours.encoder.layers) == 2 and len(ours.decoder.layers) == 3
