@@ -3,7 +3,6 @@ against sentence-transformers on the real all-MiniLM-L6-v2 weights, and its inpu
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 import torch.nn.functional as F
