@@ -4,7 +4,8 @@ The algorithm is the loop of :func:`lecture_pkg.attention.flash_attention`, fuse
 owns one block of BLOCK_Q queries of one (batch, head) pair, keeps them in on-chip memory, and
 streams the keys and values past them BLOCK_K at a time, carrying per query the running maximum
 m, the running sum l and the unnormalised output acc in float32 registers. Scores never reach
-global memory, which is where the speed comes from: global memory is read once per query block.
+global memory, so global-memory traffic falls (each key and value is read once per query block);
+that is the IO argument for its speed on a GPU, which no recorded run has measured yet.
 
 Two details beyond the PyTorch loop:
 
