@@ -267,14 +267,21 @@ def test_linear4bit_backward_recomputes_the_weight() -> None:
 
 def test_linear4bit_matches_bitsandbytes_linear4bit() -> None:
     bnb = pytest.importorskip("bitsandbytes")
-    linear = torch.nn.Linear(128, 64)
-    ref = bnb.nn.Linear4bit(128, 64, compute_dtype=torch.float32, compress_statistics=True,
-                            quant_type="nf4")
-    ref.load_state_dict(linear.state_dict())
-    ref = ref.to("cpu")  # quantises on the move, as on a GPU
-    x = randn(3, 128, seed=14)
-    with torch.no_grad():
-        assert torch.allclose(Linear4bit.from_linear(linear)(x), ref(x), atol=1e-4)
+    for seed in range(8):
+        torch.manual_seed(seed)
+        linear = torch.nn.Linear(128, 64)
+        ref = bnb.nn.Linear4bit(128, 64, compute_dtype=torch.float32, compress_statistics=True,
+                                quant_type="nf4")
+        ref.load_state_dict(linear.state_dict())
+        ref = ref.to("cpu")  # quantises on the move, as on a GPU
+        x = randn(3, 128, seed=14)
+        with torch.no_grad():
+            ours, theirs = Linear4bit.from_linear(linear)(x), ref(x)
+        # Not bit for bit: bitsandbytes' 8-bit step of the double quantisation sometimes picks
+        # the farther of two near-tied codes for an absmax constant (see the double-quantisation
+        # test), which moves that block's scale by under one code step. Seen here: up to 4e-4 of
+        # the output's scale over 40 seeds; a wrong scale or code table is off by far more.
+        assert (ours - theirs).abs().max() <= 1e-3 * theirs.abs().max(), seed
 
 
 def test_quantize_linears_skips_and_stores_less() -> None:
