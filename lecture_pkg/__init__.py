@@ -78,5 +78,9 @@ def setup_notebook(seed: int = 0) -> torch.device:
     seed_everything(seed)
     viz.configure()
     device = get_device()
+    if device.type == "cpu":
+        # Float sums are reduced in an order that depends on the thread count, so a fixed count
+        # makes a chapter's numbers the same on every machine with at least two cores.
+        torch.set_num_threads(min(2, os.cpu_count() or 1))
     print(f"device: {device.type} | budget: {'large' if is_large_budget() else 'small'} | seed: {seed}")
     return device

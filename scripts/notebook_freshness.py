@@ -7,8 +7,15 @@ always counts, since importing any submodule runs it. tests/test_notebook_freshn
 hashes and names the notebook, and the source, whose outputs are older than the code. Markdown,
 outputs and unrelated modules are not hashed: changing them never calls for a re-run.
 
+Every notebook is paired with a text source, `book/text/<name>.md` (MyST markdown through jupytext),
+which holds its cells without outputs and is what a chapter is edited in. `execute` reads the cells
+from the text source (creating the notebook when it does not exist yet), runs them and writes both
+files; `pair` writes the text source from the notebook. tests/test_text_sources.py checks that each
+pair holds the same cells.
+
     python scripts/notebook_freshness.py execute book/02_attention.ipynb ...  # run, then record
     python scripts/notebook_freshness.py stamp book/02_attention.ipynb ...    # record only
+    python scripts/notebook_freshness.py pair book/02_attention.ipynb ...     # notebook -> text
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import hashlib
 import json
 from pathlib import Path
 
+import jupytext
 import nbformat
 from IPython.core.inputtransformer2 import TransformerManager
 
@@ -26,6 +34,24 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_DIR = ROOT / "lecture_pkg"
 KEY = "executed_from"
 CODE = "code cells"
+TEXT_FORMAT = "md:myst"
+PAIRING = {"formats": "ipynb,text//md:myst"}  # jupytext's notation for book/text/<name>.md
+
+
+def text_source(path: Path) -> Path:
+    """The text source paired with the notebook at `path`: book/text/<name>.md."""
+    return path.parent / "text" / f"{path.stem}.md"
+
+
+def read_text_source(path: Path) -> nbformat.NotebookNode:
+    """The cells of the notebook at `path` as its text source holds them (no outputs)."""
+    return jupytext.read(text_source(path), fmt=TEXT_FORMAT)
+
+
+def write_text_source(path: Path, notebook: nbformat.NotebookNode) -> None:
+    notebook.metadata["jupytext"] = dict(PAIRING)
+    text_source(path).parent.mkdir(exist_ok=True)
+    jupytext.write(notebook, text_source(path), fmt=TEXT_FORMAT)
 
 
 def _digest(data: bytes) -> str:
@@ -125,19 +151,24 @@ def stamp(path: Path, notebook: nbformat.NotebookNode, hashes: dict[str, str]) -
 
 
 def execute(path: Path, timeout: int) -> None:
-    """Run the notebook in place from its own folder and record the sources it ran with. The hashes
-    are taken before the run, so a source edited meanwhile shows up as stale, never as current."""
+    """Run the cells of the notebook's text source from the notebook's folder, write the notebook
+    with their outputs and record the sources it ran with. The hashes are taken before the run, so
+    a source edited meanwhile shows up as stale, never as current."""
     from nbclient import NotebookClient
 
-    notebook = nbformat.read(path, as_version=4)
+    notebook = read_text_source(path)
+    notebook.metadata.pop(KEY, None)
+    notebook.metadata.setdefault("kernelspec", {"display_name": "Python 3", "language": "python",
+                                                "name": "python3"})
     hashes = source_hashes(notebook)
     NotebookClient(notebook, timeout=timeout, resources={"metadata": {"path": str(path.parent)}}).execute()
+    write_text_source(path, notebook)
     stamp(path, notebook, hashes)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("action", choices=["execute", "stamp"])
+    parser.add_argument("action", choices=["execute", "stamp", "pair"])
     parser.add_argument("notebooks", nargs="+", type=Path)
     parser.add_argument("--timeout", type=int, default=120, help="seconds per cell (execute)")
     args = parser.parse_args()
@@ -145,9 +176,13 @@ def main() -> None:
         print(f"{args.action}: {path}", flush=True)
         if args.action == "execute":
             execute(path, args.timeout)
-        else:
+        elif args.action == "stamp":
             notebook = nbformat.read(path, as_version=4)
             stamp(path, notebook, source_hashes(notebook))
+        else:
+            notebook = nbformat.read(path, as_version=4)
+            write_text_source(path, notebook)
+            nbformat.write(notebook, path)
 
 
 if __name__ == "__main__":
