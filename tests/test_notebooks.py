@@ -19,17 +19,22 @@ MAX_BYTES = 2_000_000
 MAX_COLUMNS = 88  # wider code lines get a horizontal scroll bar in the HTML book
 
 
-def setup_cell_source() -> str:
+def chapter_extra(path: Path) -> str:
+    """The pyproject extra a chapter installs: its group's (chapters 1-6 share `core`)."""
+    return {"07": "pretrained", "08": "vision", "09": "lora", "10": "alignment"}.get(path.stem[:2], "core")
+
+
+def setup_cell_source(extra: str) -> str:
     url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
     return (
-        "# Setup (the same first cell in every chapter). In Colab: install lecture_pkg from\n"
-        "# the book's repository (Colab's own torch is kept). Then seed, set up figures and\n"
-        "# pick the device.\n"
-        "import sys\n"
+        "# Setup, the first cell of every chapter: where lecture_pkg is missing (a fresh\n"
+        "# google.colab runtime, a new local environment), install it with this chapter's extra.\n"
+        "# Colab's own torch is kept. Then seed, set up figures and pick the device.\n"
+        "import importlib.util\n"
         "\n"
-        'if "google.colab" in sys.modules:\n'
+        'if importlib.util.find_spec("lecture_pkg") is None:\n'
         f'    REPO = "git+{url}"\n'
-        '    %pip install -q "lecture_pkg[notebooks] @ {REPO}"\n'  # IPython expands {REPO}
+        f'    %pip install -q "lecture_pkg[{extra}] @ {{REPO}}"\n'  # IPython expands {REPO}
         "\n"
         "from lecture_pkg import budget, setup_notebook\n"
         "\n"
@@ -70,7 +75,8 @@ class TestChapter:
 
     def test_starts_with_setup_cell(self, path: Path) -> None:
         first = "".join(code_cells(path)[0]["source"])
-        assert first == setup_cell_source(), f"{path.name}: first code cell differs from the setup cell"
+        assert first == setup_cell_source(chapter_extra(path)), \
+            f"{path.name}: first code cell differs from the setup cell"
 
     def test_executed_without_errors(self, path: Path) -> None:
         cells = code_cells(path)
