@@ -27,11 +27,46 @@ HTML = ROOT / "_build" / "html"
 CHAPTERS = sorted(p.stem for p in (ROOT / "book").glob("*.ipynb"))
 
 
+# Appended to a page served as "<page>.html?layout": once scripts, MathJax and the charts have run,
+# it lists every output box, table, chart and display equation whose right edge passes the text
+# column's, in a <pre id="layout-report"> that --dump-dom then shows.
+LAYOUT_PROBE = """<script>
+window.addEventListener("load", () => setTimeout(() => {
+  const column = document.querySelector("article.bd-article") || document.querySelector("main");
+  const right = column.getBoundingClientRect().right;
+  const boxes = "div.cell_output > *, div.cell_output table, div.cell_output .vega-embed, "
+              + "div.math, mjx-container[display='true'], div.cell_input";
+  const over = [];
+  for (const el of document.querySelectorAll(boxes)) {
+    const r = el.getBoundingClientRect();
+    if (r.width > 0 && r.right > right + 1)
+      over.push(`${el.tagName.toLowerCase()}.${el.className}: ${Math.round(r.right - right)} px`);
+  }
+  const report = document.createElement("pre");
+  report.id = "layout-report";
+  report.textContent = JSON.stringify(over);
+  document.body.appendChild(report);
+}, 8000));
+</script>"""
+
+
 class RecordingHandler(http.server.SimpleHTTPRequestHandler):
     requests: list[tuple[str, int]] = []
 
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
         self.requests.append((self.path, int(code) if str(code).isdigit() else 0))
+
+    def do_GET(self) -> None:
+        path, _, query = self.path.partition("?")
+        if query != "layout" or not path.endswith(".html"):
+            return super().do_GET()
+        page = (Path(self.directory) / path.lstrip("/")).read_text(encoding="utf-8")
+        body = page.replace("</body>", LAYOUT_PROBE + "</body>", 1).encode("utf-8")
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +93,7 @@ def rendered_dom(url: str) -> str:
             [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
              f"--user-data-dir={profile}", "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
-             "--virtual-time-budget=20000", "--dump-dom", url],
+             "--window-size=1280,1000", "--virtual-time-budget=20000", "--dump-dom", url],
             capture_output=True, text=True, timeout=120,
         )
     assert result.returncode == 0, result.stderr[-2000:]
@@ -90,6 +125,21 @@ def test_chapter_renders_offline(server: tuple[str, list[tuple[str, int]]], chap
         assert "<mjx-container" in dom, f"{chapter}: math present but MathJax did not typeset it"
     failed = [(path, code) for path, code in log if code >= 400 and path != "/favicon.ico"]
     assert not failed, f"{chapter}: requests failed on the local server: {failed[:5]}"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_wide_content_stays_in_the_column(server: tuple[str, list[tuple[str, int]]], chapter: str) -> None:
+    """No output, table, chart or display equation runs past the text column (each scrolls inside
+    its own box instead), and no tool marker or lint pragma shows in a code cell."""
+    base, _ = server
+    dom = rendered_dom(f"{base}/book/{chapter}.html?layout")
+    report = re.search(r'<pre id="layout-report">(.*?)</pre>', dom, re.S)
+    assert report, f"{chapter}: the layout probe did not run"
+    overflowing = json.loads(report.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+    assert not overflowing, f"{chapter}: content wider than the column: {overflowing[:5]}"
+    page = (HTML / "book" / f"{chapter}.html").read_text(encoding="utf-8")
+    shown = re.findall(r"NBVAL_[A-Z_]+|# noqa", page)
+    assert not shown, f"{chapter}: tool markers shown to readers: {shown[:3]}"
 
 
 def test_nadaraya_watson_chart_has_slider_and_marks(server: tuple[str, list[tuple[str, int]]]) -> None:

@@ -43,8 +43,14 @@ def setup_cell_source(extra: str) -> str:
 
 
 def toc_files() -> list[str]:
+    """Every page _toc.yml lists: the root, then chapters and their sections, in reading order."""
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-    return [toc["root"]] + [chapter["file"] for chapter in toc.get("chapters", [])]
+
+    def pages(entries: list[dict]) -> list[str]:
+        return [p for entry in entries for p in [entry["file"], *pages(entry.get("sections", []))]]
+
+    chapters = [c for part in toc.get("parts", [{"chapters": toc.get("chapters", [])}]) for c in part["chapters"]]
+    return [toc["root"], *pages(chapters)]
 
 
 def code_cells(path: Path) -> list[dict]:
