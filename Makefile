@@ -1,5 +1,5 @@
 # make book : install (first time), execute every notebook (cached) and build the HTML book in _build/html
-# make test : install, unit tests (stored outputs current included), Triton kernel via its interpreter,
+# make test : install, lint and spelling, unit tests (stored outputs current included), Triton kernel via its interpreter,
 #             nbval over every notebook (their one execution), the book build from the stored outputs,
 #             a headless browser check
 SHELL := /bin/bash
@@ -9,7 +9,7 @@ INSTALLED := $(VENV)/.installed
 VENDORED := node_modules/.package-lock.json
 BUILD_FLAGS := -W -n --keep-going
 
-.PHONY: install book book-no-execute test unit nbval browser-check execute stamp bench triton-check clean
+.PHONY: install book book-no-execute test lint unit nbval browser-check execute stamp bench triton-check clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -62,6 +62,12 @@ execute: install
 stamp: install
 	$(PY) scripts/notebook_freshness.py stamp $(NOTEBOOKS)
 
+# ruff (pyproject.toml) over the package, tests, scripts, benchmarks, the book's extensions and the
+# executed notebooks; codespell over the same code and the chapters' text sources.
+lint: install
+	$(VENV)/bin/ruff check lecture_pkg tests scripts benchmarks book
+	$(VENV)/bin/codespell lecture_pkg tests scripts benchmarks book/_ext book/text book/intro.md README.md
+
 unit: install
 	$(PY) -m pytest -m "not book" tests/
 
@@ -81,7 +87,7 @@ triton-check: install
 	$(PY) -c "import triton" 2>/dev/null || $(PY) -m pip install --quiet triton==3.9.0
 	TRITON_INTERPRET=1 $(PY) -m pytest -p no:cacheprovider tests/test_attention_triton.py
 
-test: unit triton-check nbval book-no-execute browser-check
+test: lint unit triton-check nbval book-no-execute browser-check
 
 bench: install
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
