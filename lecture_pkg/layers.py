@@ -247,6 +247,9 @@ class EncoderLayer(nn.Module):
 
     With ``is_causal=True`` (and optionally a :class:`KVCache`) it is a decoder-only block (GPT).
     ``ffn`` replaces the default :class:`FeedForward` (e.g. by a :class:`MoEFeedForward`).
+    ``ffn_dropout`` is the default FFN's dropout between its two linear layers: ``None`` uses
+    ``dropout`` (torch's layers, T5), 0.0 leaves only the residual dropout after the FFN (BERT,
+    GPT-2: HF's BertIntermediate/BertOutput and GPT2MLP have no inner dropout).
     ``attn_scale`` multiplies q k^T (default 1/sqrt(head_dim); T5 uses 1.0).
 
     forward(x, attn_mask=None, key_padding_mask=None, is_causal=False, cache=None,
@@ -259,6 +262,7 @@ class EncoderLayer(nn.Module):
                  activation: str = "relu", norm: NormKind = "layer", wiring: Wiring = "post",
                  eps: float = 1e-5, bias: bool = True, attn_scale: float | None = None,
                  alpha: float = 1.0, ffn: nn.Module | None = None,
+                 ffn_dropout: float | None = None,
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         factory = {"device": device, "dtype": dtype}
@@ -266,7 +270,8 @@ class EncoderLayer(nn.Module):
                     "alpha": alpha, "bias": bias, **factory}
         self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout, bias=bias,
                                             scale=attn_scale, **factory)
-        self.ffn = ffn if ffn is not None else FeedForward(d_model, d_ff, activation, dropout,
+        inner = dropout if ffn_dropout is None else ffn_dropout
+        self.ffn = ffn if ffn is not None else FeedForward(d_model, d_ff, activation, inner,
                                                            bias, **factory)
         self.attn_block = Residual(d_model, **residual)
         self.ffn_block = Residual(d_model, **residual)

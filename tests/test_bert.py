@@ -7,17 +7,23 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from lecture_pkg.layers import EncoderLayer
 from lecture_pkg.masks import IGNORE_INDEX
-from lecture_pkg.models.bert import (BertConfig, BertForPreTraining,
-                                     BertForSequenceClassification, BertModel, mean_pool,
-                                     pretraining_loss)
+from lecture_pkg.models.bert import (
+    BertConfig,
+    BertForPreTraining,
+    BertForSequenceClassification,
+    BertModel,
+    mean_pool,
+    pretraining_loss,
+)
 
 transformers = pytest.importorskip("transformers")
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 
 
-def hf_config(**overrides: object) -> "transformers.BertConfig":
+def hf_config(**overrides: object) -> transformers.BertConfig:
     sizes = {"vocab_size": 101, "hidden_size": 32, "num_hidden_layers": 3,
              "num_attention_heads": 4, "intermediate_size": 48, "max_position_embeddings": 24,
              "type_vocab_size": 3, "num_labels": 5, "attn_implementation": "eager"}
@@ -283,3 +289,47 @@ def test_initialisation_matches_hf_statistics() -> None:
         assert abs(dict(ours.named_parameters())[name].std().item() - 0.02) < 2e-3, name
     assert abs(hf.bert.embeddings.word_embeddings.weight.std().item() - 0.02) < 2e-3
     assert ours.bert.layers[0].ffn.linear1.bias.abs().max() == 0
+
+
+def _dropout_widths(model: torch.nn.Module, *args: object, **kwargs: object) -> set[int]:
+    """The last dims of every tensor that an nn.Dropout with p > 0 receives in one training
+    forward."""
+    widths: set[int] = set()
+    hooks = [m.register_forward_hook(lambda _m, inp, _out: widths.add(inp[0].shape[-1]))
+             for m in model.modules() if isinstance(m, torch.nn.Dropout) and m.p > 0]
+    model.train()
+    model(*args, **kwargs)
+    for hook in hooks:
+        hook.remove()
+    return widths
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_ffn_has_no_inner_dropout_in_training_mode_as_in_hf(family: str) -> None:
+    """HF's BertIntermediate -> BertOutput and GPT2MLP apply dropout only after the FFN's
+    output projection; a dropout on the (batch, t, intermediate) hidden layer would make our
+    training-mode model a different model from HF's."""
+    from lecture_pkg.models.gpt import GPT
+
+    hidden, inner = 32, 48
+    if family == "bert":
+        hf = hf_model("BertModel", hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+        ours = BertModel.from_hf(hf)
+        x = inputs()
+    else:
+        torch.manual_seed(0)
+        hf = transformers.GPT2Model(transformers.GPT2Config(
+            vocab_size=101, n_positions=24, n_embd=hidden, n_layer=2, n_head=4, n_inner=inner))
+        ours = GPT.from_hf(transformers.GPT2LMHeadModel(hf.config))
+        x = {"input_ids": inputs()["input_ids"]}
+    theirs, mine = _dropout_widths(hf, **x), _dropout_widths(ours, **x)
+    assert inner not in theirs and hidden in theirs  # the reference: none on the 4d layer
+    assert inner not in mine and hidden in mine
+
+
+def test_encoder_layer_keeps_inner_dropout_when_asked() -> None:
+    """ffn_dropout=None (the default) keeps torch's and T5's dropout inside the FFN."""
+    layer = EncoderLayer(16, 2, 24, dropout=0.1)
+    assert layer.ffn.dropout.p == 0.1
+    assert EncoderLayer(16, 2, 24, dropout=0.1, ffn_dropout=0.0).ffn.dropout.p == 0.0
+    assert 24 in _dropout_widths(layer, torch.randn(2, 5, 16))

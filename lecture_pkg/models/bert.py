@@ -29,8 +29,7 @@ from torch import Tensor, nn
 
 from lecture_pkg.layers import ACTIVATIONS, EncoderLayer
 from lecture_pkg.masks import IGNORE_INDEX
-from lecture_pkg.models.common import (HFInterop, check_hf_class, check_padding_mask,
-                                       check_token_ids)
+from lecture_pkg.models.common import HFInterop, check_hf_class, check_padding_mask, check_token_ids
 
 __all__ = ["BertConfig", "BertForPreTraining", "BertForSequenceClassification", "BertModel",
            "BertOutput", "mean_pool", "pretraining_loss"]
@@ -57,7 +56,7 @@ class BertConfig:
     num_labels: int = 2  # only used by BertForSequenceClassification
 
     @classmethod
-    def from_hf(cls, hf_config: Any) -> "BertConfig":
+    def from_hf(cls, hf_config: Any) -> BertConfig:
         """Ours from a ``transformers.BertConfig``. HF has two dropout rates (hidden and
         attention); our layers use one, so they must agree."""
         check_hf_class(hf_config, "BertConfig")
@@ -184,7 +183,7 @@ class BertModel(_BertInterop, nn.Module):
         self.layers = nn.ModuleList(
             EncoderLayer(d, config.num_heads, config.intermediate_size, config.dropout,
                          activation=config.activation, norm="layer", wiring="post",
-                         eps=config.eps, **factory)
+                         eps=config.eps, ffn_dropout=0.0, **factory)  # as HF: none inside
             for _ in range(config.num_layers))
         self.pooler = nn.Linear(d, d, **factory)
         self.apply(init_bert_weights)

@@ -105,7 +105,7 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(
             EncoderLayer(config.n_embd, config.n_head, config.d_ff, dropout=config.dropout,
                          activation="gelu_tanh", wiring="pre", eps=config.layer_norm_epsilon,
-                         **factory)
+                         ffn_dropout=0.0, **factory)  # GPT2MLP has no inner dropout
             for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, **factory)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False, **factory)
