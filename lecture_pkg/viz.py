@@ -109,3 +109,25 @@ def show_source(obj: object) -> Code:
     """Display the source of a package function or class in a notebook, so that the book shows
     the code it runs and the two can never drift apart."""
     return Code(inspect.getsource(obj), language="python")
+
+
+# myst-nb reads glued values from outputs carrying this MIME prefix and a "scrapbook" record.
+_GLUE_PREFIX = "application/papermill.record/"
+
+
+def glue(name: str, value: object, display: bool = False) -> None:
+    """Record ``value`` under ``name`` for the chapter's prose (``{glue:text}`name:.3f```), so that
+    numbers in the text come from the computation.
+
+    The same output myst-nb's ``glue`` writes, without needing myst-nb where a chapter runs (Colab):
+    the value's display formats under a hidden MIME prefix, with ``metadata["scrapbook"]`` naming it.
+    """
+    from IPython.core.formatters import format_display_data
+    from IPython.display import display as ipython_display
+
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"name must be an identifier-like string, got {name!r}")
+    bundle, metadata = format_display_data(value)
+    prefix = "" if display else _GLUE_PREFIX
+    metadata["scrapbook"] = {"name": name, "mime_prefix": prefix}
+    ipython_display({prefix + mime: data for mime, data in bundle.items()}, raw=True, metadata=metadata)

@@ -5,6 +5,7 @@ The setup cell is derived from the repository URL in _config.yml, which is writt
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -116,3 +117,71 @@ class TestChapter:
                     if len(line) > MAX_COLUMNS]
         assert not too_wide, (f"{len(too_wide)} code lines over {MAX_COLUMNS} columns:\n"
                               + "\n".join(too_wide))
+
+
+@functools.cache
+def _requirement_closure(requirements: tuple[str, ...]) -> set[str]:
+    """Normalised names of the distributions these requirement strings pull in, transitively
+    (extras followed; environment markers of the installed Python honoured)."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    seen: set[str] = set()
+    pending = [(Requirement(r), "") for r in requirements]
+    while pending:
+        req, extra = pending.pop()
+        if req.marker is not None and not req.marker.evaluate({"extra": extra}):
+            continue
+        key = canonicalize_name(req.name) + "[" + ",".join(sorted(req.extras)) + "]"
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            requires = metadata.requires(req.name) or []
+        except metadata.PackageNotFoundError:
+            continue
+        for line in requires:
+            sub = Requirement(line)
+            wanted = [e for e in req.extras if sub.marker is not None and sub.marker.evaluate({"extra": e})]
+            if sub.marker is None or sub.marker.evaluate({"extra": ""}) or wanted:
+                pending.append((sub, wanted[0] if wanted else ""))
+    return {key.split("[")[0] for key in seen}
+
+
+@functools.cache
+def _import_providers() -> dict[str, list[str]]:
+    from importlib import metadata
+
+    return metadata.packages_distributions()
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_chapter_extra_provides_every_import(path: Path) -> None:
+    """What a chapter imports is installed by the extra its setup cell names (plus Colab's or your
+    torch), so a fresh Colab runtime runs it after the first cell."""
+    import ast
+    import sys
+
+    import tomllib
+    from packaging.utils import canonicalize_name
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extra = chapter_extra(path)
+    closure = _requirement_closure((*project["dependencies"], *project["optional-dependencies"][extra]))
+    closure |= {"torch", "ipython", "ipykernel"}  # the notebook's kernel itself
+    providers = _import_providers()
+    imported: set[str] = set()
+    for cell in code_cells(path):
+        source = "\n".join(line for line in "".join(cell["source"]).splitlines()
+                           if not line.lstrip().startswith(("%", "!")))
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.add(node.module.split(".")[0])
+    third_party = imported - set(sys.stdlib_module_names) - {"lecture_pkg", "__future__"}
+    missing = {name: providers.get(name, [name]) for name in sorted(third_party)
+               if not any(canonicalize_name(d) in closure for d in providers.get(name, [name]))}
+    assert not missing, f"{path.name} imports {missing}, which lecture_pkg[{extra}] does not install"

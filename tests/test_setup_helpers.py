@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 
 import altair as alt
@@ -53,6 +54,7 @@ def test_setup_notebook(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.
     assert lecture_pkg.setup_notebook(seed=3) == torch.device("cpu")
     assert "device: cpu" in capsys.readouterr().out
     assert alt.renderers.active == "html"
+    assert torch.get_num_threads() == min(2, os.cpu_count() or 1)  # results reproduce across machines
 
 
 def test_long_form_and_heatmap() -> None:
@@ -80,3 +82,25 @@ def test_range_slider_and_filter() -> None:
 def test_show_source_displays_package_code() -> None:
     code = viz.show_source(lecture_pkg.budget)
     assert "def budget(small: T, large: T) -> T:" in code.data
+
+
+@pytest.mark.parametrize("display", [False, True])
+def test_glue_writes_what_myst_nb_glue_writes(monkeypatch: pytest.MonkeyPatch, display: bool) -> None:
+    """viz.glue (which chapters use where myst-nb is not installed) emits the same display data
+    and metadata as myst-nb's own glue, which the book build reads."""
+    import IPython.display
+    from myst_nb import glue as myst_glue
+
+    shown: list[tuple[dict, dict]] = []
+    monkeypatch.setattr(IPython.display, "display",
+                        lambda data, raw, metadata: shown.append((data, metadata)))
+    import myst_nb.ext.glue
+    monkeypatch.setattr(myst_nb.ext.glue, "ipy_display",
+                        lambda data, raw, metadata: shown.append((data, metadata)))
+    value = 0.1234567
+    viz.glue("ratio", value, display=display)
+    myst_glue("ratio", value, display=display)
+    assert len(shown) == 2 and shown[0] == shown[1]
+    assert shown[0][1]["scrapbook"]["name"] == "ratio"
+    with pytest.raises(ValueError, match="name must be"):
+        viz.glue("two words", value)
