@@ -72,7 +72,7 @@ unit: install
 	$(PY) -m pytest -m "not book" tests/
 
 nbval: install
-	$(PY) -m pytest -p no:cacheprovider --nbval-lax --nbval-current-env --nbval-cell-timeout=120 book/
+	$(PY) -m pytest -p no:cacheprovider --nbval-lax --nbval-current-env --nbval-cell-timeout=300 book/
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 

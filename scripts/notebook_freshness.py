@@ -170,7 +170,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("action", choices=["execute", "stamp", "pair"])
     parser.add_argument("notebooks", nargs="+", type=Path)
-    parser.add_argument("--timeout", type=int, default=120, help="seconds per cell (execute)")
+    parser.add_argument("--timeout", type=int, default=300, help="seconds per cell (execute)")
     args = parser.parse_args()
     for path in args.notebooks:
         print(f"{args.action}: {path}", flush=True)

@@ -185,3 +185,32 @@ def test_chapter_extra_provides_every_import(path: Path) -> None:
     missing = {name: providers.get(name, [name]) for name in sorted(third_party)
                if not any(canonicalize_name(d) in closure for d in providers.get(name, [name]))}
     assert not missing, f"{path.name} imports {missing}, which lecture_pkg[{extra}] does not install"
+
+
+NBVAL_TIMEOUT_MARGIN = 3  # a loaded CI machine runs a cell up to ~3x slower than an idle one
+
+
+def nbval_cell_timeout() -> int:
+    makefile = (ROOT / "Makefile").read_text()
+    return int(re.search(r"--nbval-cell-timeout=(\d+)", makefile).group(1))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_cell_fits_the_nbval_timeout_with_margin(path: Path) -> None:
+    """The slowest cell of the recorded execution (two cores) takes at most a third of nbval's
+    per-cell timeout, so the timeout survives a machine three times slower."""
+    from datetime import datetime
+
+    def seconds(cell: dict) -> float:
+        times = cell.get("metadata", {}).get("execution", {})
+        if "iopub.execute_input" not in times or "shell.execute_reply" not in times:
+            return 0.0
+        start, end = (datetime.fromisoformat(times[k].replace("Z", "+00:00"))
+                      for k in ("iopub.execute_input", "shell.execute_reply"))
+        return (end - start).total_seconds()
+
+    durations = [(seconds(cell), index) for index, cell in enumerate(code_cells(path))]
+    worst, index = max(durations)
+    limit = nbval_cell_timeout() / NBVAL_TIMEOUT_MARGIN
+    assert worst <= limit, (f"{path.name}: code cell {index} took {worst:.0f} s when executed, over "
+                            f"{limit:.0f} s (nbval's timeout / {NBVAL_TIMEOUT_MARGIN}): split it or shrink it")
