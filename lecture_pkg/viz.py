@@ -25,9 +25,21 @@ from IPython.display import Code
 __all__ = ["configure", "heatmap", "long_form", "range_slider", "show_source", "slider_filter"]
 
 
+# Text sizes that stay readable in the book's column (altair's defaults are 10 px and smaller).
+_READABLE = {"labelFontSize": 12, "titleFontSize": 13}
+
+
+@alt.theme.register("lecture", enable=False)
+def _lecture_theme() -> alt.theme.ThemeConfig:
+    return {"config": {"axis": _READABLE, "header": _READABLE, "legend": _READABLE,
+                       "title": {"fontSize": 14}}}
+
+
 def configure() -> None:
-    """Set up altair (HTML output, SVG marks, no row limit) and, in Colab, ipywidgets 8."""
+    """Set up altair (HTML output, SVG marks, readable text sizes, no row limit) and, in Colab,
+    ipywidgets 8."""
     alt.renderers.enable("html", embed_options={"renderer": "svg", "actions": False})
+    alt.theme.enable("lecture")
     alt.data_transformers.disable_max_rows()
     if "google.colab" in sys.modules:  # Colab needs this for ipywidgets >= 8 widgets to show
         from google.colab import output  # type: ignore[import-not-found]

@@ -54,6 +54,7 @@ def test_setup_notebook(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.
     assert lecture_pkg.setup_notebook(seed=3) == torch.device("cpu")
     assert "device: cpu" in capsys.readouterr().out
     assert alt.renderers.active == "html"
+    assert alt.theme.active == "lecture"  # readable text sizes in the column
     assert torch.get_num_threads() == min(2, os.cpu_count() or 1)  # results reproduce across machines
 
 
