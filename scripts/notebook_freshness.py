@@ -16,6 +16,8 @@ pair holds the same cells.
     python scripts/notebook_freshness.py execute book/02_attention.ipynb ...  # run, then record
     python scripts/notebook_freshness.py stamp book/02_attention.ipynb ...    # record only
     python scripts/notebook_freshness.py pair book/02_attention.ipynb ...     # notebook -> text
+    python scripts/notebook_freshness.py prose book/02_attention.ipynb ...    # text -> notebook,
+                                                         # when only markdown changed: no re-run
 """
 
 from __future__ import annotations
@@ -166,9 +168,23 @@ def execute(path: Path, timeout: int) -> None:
     stamp(path, notebook, hashes)
 
 
+def update_prose(path: Path) -> None:
+    """Bring the text source's markdown into the notebook, keeping its outputs. Refused when a code
+    cell differs: outputs then have to come from running the new code (`execute`)."""
+    from jupytext.combine import combine_inputs_with_outputs
+
+    text, executed = read_text_source(path), nbformat.read(path, as_version=4)
+    code = [[c.source for c in nb.cells if c.cell_type == "code"] for nb in (text, executed)]
+    if code[0] != code[1]:
+        raise SystemExit(f"{path}: code cells changed in {text_source(path)}; run `execute` instead")
+    combined = combine_inputs_with_outputs(text, executed, fmt=TEXT_FORMAT)
+    combined.metadata[KEY] = executed.metadata[KEY]
+    nbformat.write(combined, path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("action", choices=["execute", "stamp", "pair"])
+    parser.add_argument("action", choices=["execute", "stamp", "pair", "prose"])
     parser.add_argument("notebooks", nargs="+", type=Path)
     parser.add_argument("--timeout", type=int, default=300, help="seconds per cell (execute)")
     args = parser.parse_args()
@@ -176,6 +192,8 @@ def main() -> None:
         print(f"{args.action}: {path}", flush=True)
         if args.action == "execute":
             execute(path, args.timeout)
+        elif args.action == "prose":
+            update_prose(path)
         elif args.action == "stamp":
             notebook = nbformat.read(path, as_version=4)
             stamp(path, notebook, source_hashes(notebook))
