@@ -27,7 +27,6 @@ import platform
 from collections.abc import Callable
 
 import torch
-
 from attention import interleaved_median_times  # benchmarks/attention.py, same folder
 
 

@@ -233,8 +233,9 @@ def apply_rope(x: Tensor, positions: Tensor, base: float = 10000.0, *, interleav
     x: (..., t, d) queries or keys, d even, e.g. (batch, heads, t, d_head).
     positions: integer or float positions broadcastable to x.shape[:-1], e.g. (t,) or (batch, 1, t).
     Pairs are (j, j + d/2) (rotate-half: GPT-NeoX and HF's Llama port) or, with
-    ``interleaved=True``, (2j, 2j+1) (RoFormer, GPT-J, Meta's reference Llama code); pair j turns at w_j = base^(-2j/d). Because rotations compose,
-    <rope(q, m), rope(k, n)> depends on the offset n - m only. Returns x's shape, dtype and device.
+    ``interleaved=True``, (2j, 2j+1) (RoFormer, GPT-J, Meta's reference Llama code); pair j turns
+    at w_j = base^(-2j/d). Because rotations compose, <rope(q, m), rope(k, n)> depends on the
+    offset n - m only. Returns x's shape, dtype and device.
     """
     _check_rope_args(x, positions)
     angle_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32  # fp16 angles lose digits

@@ -32,7 +32,10 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from lecture_pkg.bpe import (
-    check_special_tokens, check_token_ids, segment_with_special_tokens, split_on_special_tokens,
+    check_special_tokens,
+    check_token_ids,
+    segment_with_special_tokens,
+    split_on_special_tokens,
 )
 from lecture_pkg.checks import check_int
 

@@ -6,9 +6,9 @@ import ast
 import sys
 import sysconfig
 from pathlib import Path
+from pydoc_data.topics import topics
 
 import pytest
-from pydoc_data.topics import topics
 
 from lecture_pkg import data
 from lecture_pkg.data import pydoc_topics, stdlib_docstrings

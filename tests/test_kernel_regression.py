@@ -44,7 +44,8 @@ def test_matches_float64_reference(kernel: str, d: int) -> None:
 
 def test_slides_example() -> None:
     """Laplace kernel = softmax of the negative distance; the lecture's three visible points."""
-    pred, w = nadaraya_watson(torch.tensor([4.25], dtype=torch.float64), torch.tensor([1.36, 3.40, 6.05], dtype=torch.float64),
+    pred, w = nadaraya_watson(torch.tensor([4.25], dtype=torch.float64),
+                              torch.tensor([1.36, 3.40, 6.05], dtype=torch.float64),
                               torch.tensor([1.79, -1.77, -2.17], dtype=torch.float64), "laplace", 1.0)
     scores = torch.tensor([-2.89, -0.85, -1.80], dtype=torch.float64)
     assert torch.allclose(w[0], torch.softmax(scores, 0))
@@ -159,15 +160,24 @@ def test_learnable_bandwidth_trains_with_sgd() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"x_query": torch.randn(3, 2), "x_train": torch.randn(4, 3), "y_train": torch.randn(4)}, "2 features but x_train has 3"),
-        ({"x_query": torch.randn(3), "x_train": torch.randn(4), "y_train": torch.randn(5)}, "y_train has 5 rows but x_train has 4"),
-        ({"x_query": torch.randn(3), "x_train": torch.randn(4), "y_train": torch.randn(4), "bandwidth": 0.0}, "bandwidth must be positive"),
-        ({"x_query": torch.randn(3), "x_train": torch.randn(4), "y_train": torch.randn(4), "bandwidth": -1.0}, "bandwidth must be positive"),
-        ({"x_query": torch.randn(3), "x_train": torch.randn(4), "y_train": torch.randn(4), "kernel": "cosine"}, "kernel must be one of"),
-        ({"x_query": torch.randn(3, 1, 1), "x_train": torch.randn(4), "y_train": torch.randn(4)}, r"x_query must have shape \(n,\) or \(n, d\)"),
+        ({"x_query": torch.randn(3, 2), "x_train": torch.randn(4, 3), "y_train": torch.randn(4)},
+         "2 features but x_train has 3"),
+        ({"x_query": torch.randn(3), "x_train": torch.randn(4), "y_train": torch.randn(5)},
+         "y_train has 5 rows but x_train has 4"),
+        ({"x_query": torch.randn(3), "x_train": torch.randn(4), "y_train": torch.randn(4), "bandwidth": 0.0},
+         "bandwidth must be positive"),
+        ({"x_query": torch.randn(3), "x_train": torch.randn(4), "y_train": torch.randn(4), "bandwidth": -1.0},
+         "bandwidth must be positive"),
+        ({"x_query": torch.randn(3), "x_train": torch.randn(4), "y_train": torch.randn(4), "kernel": "cosine"},
+         "kernel must be one of"),
+        ({"x_query": torch.randn(3, 1, 1), "x_train": torch.randn(4), "y_train": torch.randn(4)},
+         r"x_query must have shape \(n,\) or \(n, d\)"),
         ({"x_query": torch.randn(3), "x_train": torch.randn(0), "y_train": torch.randn(0)}, "x_train is empty"),
-        ({"x_query": torch.randn(3), "x_train": torch.randn(4, dtype=torch.float64), "y_train": torch.randn(4)}, "share dtype"),
-        ({"x_query": torch.randn(3), "x_train": torch.randn(4), "y_train": torch.randn(4), "mask": torch.ones(4, 3, dtype=torch.bool)}, r"shape \(3, 4\)"),
+        ({"x_query": torch.randn(3), "x_train": torch.randn(4, dtype=torch.float64), "y_train": torch.randn(4)},
+         "share dtype"),
+        ({"x_query": torch.randn(3), "x_train": torch.randn(4), "y_train": torch.randn(4),
+          "mask": torch.ones(4, 3, dtype=torch.bool)},
+         r"shape \(3, 4\)"),
     ],
 )
 def test_errors_name_the_problem(kwargs: dict, message: str) -> None:
