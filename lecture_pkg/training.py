@@ -24,9 +24,10 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -149,7 +150,10 @@ def load_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.O
         if key.startswith("optim."):
             _, index, name = key.split(".", 2)
             state.setdefault(int(index), {})[name] = value.to(device) if name != "step" else value
-    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+    # JSON has no tuples: give back the optimizer's own types (AdamW's betas are a tuple)
+    groups = [{k: tuple(v) if isinstance(current.get(k), tuple) else v for k, v in saved.items()}
+              for saved, current in zip(meta["param_groups"], optimizer.param_groups)]
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
     if scheduler is not None and meta["scheduler"] is not None:
         scheduler.load_state_dict(meta["scheduler"])
     torch.set_rng_state(tensors["rng.cpu"])

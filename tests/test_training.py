@@ -123,3 +123,30 @@ def test_progress_bar_html_is_one_finished_bar() -> None:
     bar.done, bar.text = 50, "loss 0.1"
     assert bar._repr_html_().startswith('<progress value="50" max="50"')
     assert repr(bar) == "step 50/50 | loss 0.1"
+
+
+def test_checkpoint_restores_optimizer_hyper_parameters_exactly(tmp_path: Path) -> None:
+    """Every param-group entry comes back equal and of the same type: AdamW's betas as a
+    tuple (JSON would make it a list), floats as floats, flags as bools."""
+    model, batch = regression_task()
+    opt = adamw(model, lr=3e-3, weight_decay=0.05, betas=(0.85, 0.97), eps=1e-7)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(2, 10))
+    train(model, batch, mse, steps=3, optimizer=opt, scheduler=sched,
+          checkpoint=tmp_path / "c.safetensors", progress=False)
+    fresh, _ = regression_task(seed=1)
+    opt2 = adamw(fresh, lr=1.0, betas=(0.5, 0.5))
+    sched2 = torch.optim.lr_scheduler.LambdaLR(opt2, warmup_cosine(2, 10))
+    step, _ = load_checkpoint(tmp_path / "c.safetensors", fresh, opt2, sched2)
+    assert step == 3
+    for saved, loaded in zip(opt.param_groups, opt2.param_groups):
+        assert saved.keys() == loaded.keys()
+        for key in saved:
+            if key == "params":
+                continue
+            assert type(loaded[key]) is type(saved[key]), key
+            assert loaded[key] == saved[key], key
+    assert opt2.param_groups[0]["betas"] == (0.85, 0.97)
+    assert sched2.state_dict() == sched.state_dict()
+    for p, q in zip(model.parameters(), fresh.parameters()):
+        assert torch.equal(p, q)
+        assert torch.equal(opt.state[p]["exp_avg_sq"], opt2.state[q]["exp_avg_sq"])

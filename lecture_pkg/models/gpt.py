@@ -323,7 +323,15 @@ class GPT(nn.Module):
 
     def load_hf_state_dict(self, state_dict: dict[str, Tensor]) -> None:
         """Load GPT2LMHeadModel's weights (transposing Conv1D, splitting c_attn). HF's causal-mask
-        buffers (``attn.bias``, ``attn.masked_bias`` in older checkpoints) are skipped."""
+        buffers (``attn.bias``, ``attn.masked_bias`` in older checkpoints) are skipped; any other
+        name this architecture lacks is an error, as is a missing weight."""
+        known = {theirs for _, theirs, _ in self._hf_names()} | {"lm_head.weight"} | {
+            f"transformer.h.{i}.attn.c_attn.{p}" for i in range(len(self.blocks))
+            for p in ("weight", "bias")}
+        unknown = [k for k in state_dict
+                   if k not in known and not k.endswith(("attn.bias", "attn.masked_bias"))]
+        if unknown:
+            raise ValueError(f"weights with no counterpart in this GPT: {unknown[:5]}")
         ours = {}
         try:
             for name, theirs, conv1d in self._hf_names():
