@@ -214,3 +214,28 @@ def test_every_cell_fits_the_nbval_timeout_with_margin(path: Path) -> None:
     limit = nbval_cell_timeout() / NBVAL_TIMEOUT_MARGIN
     assert worst <= limit, (f"{path.name}: code cell {index} took {worst:.0f} s when executed, over "
                             f"{limit:.0f} s (nbval's timeout / {NBVAL_TIMEOUT_MARGIN}): split it or shrink it")
+
+
+def _shows_a_figure(cell: dict) -> bool:
+    """A chart (altair/vega), an image, a widget or a bertviz view among the cell's outputs."""
+    for output in cell.get("outputs", []):
+        data = output.get("data", {})
+        html = "".join(data.get("text/html", ""))
+        if ("image/png" in data or "application/vnd.jupyter.widget-view+json" in data
+                or "vegaEmbed" in html or "bertviz-" in html):
+            return True
+    return False
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_figure_has_a_caption_below_it(path: Path) -> None:
+    """The cell after a figure is a caption: an italic paragraph saying what to see."""
+    cells = json.loads(path.read_text())["cells"]
+    uncaptioned = []
+    for index, cell in enumerate(cells):
+        if cell["cell_type"] == "code" and _shows_a_figure(cell):
+            following = cells[index + 1] if index + 1 < len(cells) else None
+            text = "".join(following["source"]).lstrip() if following else ""
+            if not (following and following["cell_type"] == "markdown" and text.startswith("*")):
+                uncaptioned.append(index)
+    assert not uncaptioned, f"{path.name}: figures without a caption below them, cells {uncaptioned}"
