@@ -82,6 +82,7 @@ def server() -> Iterator[tuple[str, list[tuple[str, int]]]]:
     httpd.shutdown()
 
 
+@functools.cache
 def rendered_dom(url: str) -> str:
     """The DOM of a page after its scripts ran (script bodies removed), from headless Chromium
     with no network."""
@@ -106,7 +107,7 @@ def test_chapter_renders_offline(server: tuple[str, list[tuple[str, int]]], chap
     page = HTML / "book" / f"{chapter}.html"
     assert page.exists(), f"{chapter} was not built"
     source = page.read_text(encoding="utf-8")
-    dom = rendered_dom(f"{base}/book/{chapter}.html")
+    dom = rendered_dom(f"{base}/book/{chapter}.html?layout")  # rendered once for both page tests
 
     # altair's loader writes its failures into the chart's div as <div class="error" ...>
     errors = re.findall(r'<div class="error"[^>]*>([^<]*)', dom)
@@ -145,7 +146,7 @@ def test_wide_content_stays_in_the_column(server: tuple[str, list[tuple[str, int
 def test_nadaraya_watson_chart_has_slider_and_marks(server: tuple[str, list[tuple[str, int]]]) -> None:
     """The model chapter's bandwidth chart: rendered rects (heatmap), lines (fit) and a slider."""
     base, _ = server
-    dom = rendered_dom(f"{base}/book/01_nadaraya_watson.html")
+    dom = rendered_dom(f"{base}/book/01_nadaraya_watson.html?layout")
     assert len(re.findall(r'class="mark-rect role-mark', dom)) >= 1
     assert len(re.findall(r'class="mark-line role-mark', dom)) >= 1
     assert '<span class="vega-bind-name">bandwidth h </span>' in dom
@@ -169,7 +170,7 @@ def test_bertviz_views_draw_their_svg(server: tuple[str, list[tuple[str, int]]],
     source = (HTML / "book" / f"{chapter}.html").read_text(encoding="utf-8")
     views = list(dict.fromkeys(re.findall(r'<div id="(bertviz-[0-9a-f]{32})"', source)))
     assert views, f"{chapter}: the notebook has bertviz output but the page has no view"
-    dom = rendered_dom(f"{base}/book/{chapter}.html")
+    dom = rendered_dom(f"{base}/book/{chapter}.html?layout")
     for view in views:
         start = dom.find(f'id="{view}"')
         assert start >= 0, f"{chapter}: {view} missing from the rendered page"
