@@ -18,9 +18,14 @@ Training exists twice, giving identical merges on every input, ties included:
   contain it and a max-heap with lazy invalidation, so a merge costs time in proportion to the
   occurrences it touches.
 
-**Ties.** Among the pairs with the highest count, the winner is the pair whose first occurrence
-comes first when the words are read in the order given (a dict's insertion order), each from left
-to right. This rule reproduces the lecture's merge order.
+**Ties.** Among the pairs with the highest count, the winner is by default (``tie_break="first"``)
+the pair whose first occurrence comes first when the words are read in the order given (a dict's
+insertion order), each from left to right. This rule reproduces the lecture's merge order, and it
+is what minbpe's ``max(stats, key=stats.get)`` does. Other well-known trainers (Sennrich's
+subword-nmt, the byte-level trainers of Stanford's CS336 course) take the lexicographically
+greatest pair instead: ``tie_break="greatest"`` compares the two symbols' bytes (UTF-8 for classic
+BPE, the bytes a token stands for in byte-level BPE), the first symbol first. The two rules give
+the same merges whenever no two pairs tie for the highest count.
 
 **Applying merges.** A word is split into its initial symbols; then, as long as some adjacent pair
 is a learned merge, the pair with the lowest rank (the earliest-learned merge) is merged, the
@@ -44,7 +49,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from os import PathLike
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from lecture_pkg.checks import check_int
 
@@ -58,6 +63,24 @@ __all__ = [
 
 Pair = tuple[str, str]
 S = TypeVar("S", bound=Hashable)
+TieBreak = Literal["first", "greatest"]
+"""Which of several equally frequent pairs is merged: see the module docstring."""
+
+
+def _utf8(symbol: str) -> bytes:
+    return symbol.encode("utf-8")
+
+
+def _descending(data: bytes) -> tuple[int, ...]:
+    """A sort key under which byte strings come in descending lexicographic order (the heap pops
+    its smallest key): every byte negated, then an end marker above all of them, so that a
+    string sorts before its own prefixes."""
+    return tuple(-b for b in data) + (1,)
+
+
+def _check_tie_break(tie_break: object) -> None:
+    if tie_break not in ("first", "greatest"):
+        raise ValueError(f"tie_break must be 'first' or 'greatest', got {tie_break!r}")
 
 # --------------------------------------------------------------------------------------------
 # Counting and merging pairs: the two operations every BPE trainer is made of
@@ -95,27 +118,38 @@ def merge_pair(symbols: Sequence[str], pair: Pair, *, into: str | None = None) -
     return out
 
 
-def iter_merges_recount(words: Sequence[Sequence[str]], counts: Sequence[int]) -> Iterator[Pair]:
+def iter_merges_recount(words: Sequence[Sequence[str]], counts: Sequence[int],
+                        tie_break: TieBreak = "first",
+                        symbol_bytes: Callable[[str], bytes] = _utf8) -> Iterator[Pair]:
     """Yield BPE merges, best first, recounting all pairs after every merge (the reference).
 
     words: initial symbol sequences, one per distinct word; counts: their frequencies. Ends when no
-    word has two symbols left. Among equally frequent pairs the one seen first wins: ``max`` returns
-    the first maximum, and ``pair_counts`` lists pairs in order of first occurrence.
+    word has two symbols left. Among equally frequent pairs, with ``tie_break="first"`` the one seen
+    first wins (``max`` returns the first maximum, and ``pair_counts`` lists pairs in order of first
+    occurrence); with ``"greatest"`` the greatest (bytes of the first symbol, bytes of the second),
+    ``symbol_bytes`` giving a symbol's bytes.
     """
+    _check_tie_break(tie_break)
     segmentations = [list(word) for word in words]
     while True:
         totals = pair_counts(segmentations, counts)
         if not totals:
             return
-        best = max(totals, key=totals.__getitem__)
+        if tie_break == "first":
+            best = max(totals, key=totals.__getitem__)
+        else:
+            best = max(totals, key=lambda p: (totals[p], symbol_bytes(p[0]), symbol_bytes(p[1])))
         yield best
         segmentations = [merge_pair(symbols, best) for symbols in segmentations]
 
 
-def iter_merges(words: Sequence[Sequence[str]], counts: Sequence[int]) -> Iterator[Pair]:
+def iter_merges(words: Sequence[Sequence[str]], counts: Sequence[int],
+                tie_break: TieBreak = "first",
+                symbol_bytes: Callable[[str], bytes] = _utf8) -> Iterator[Pair]:
     """Yield the same merges as :func:`iter_merges_recount`, updating counts incrementally.
 
-    words: initial symbol sequences, one per distinct word; counts: their frequencies.
+    words: initial symbol sequences, one per distinct word; counts: their frequencies;
+    tie_break, symbol_bytes: as :func:`iter_merges_recount`.
 
     State, for every pair of symbol ids: its total ``count``; ``where`` it occurs (a superset: word
     indices are added when the pair appears and dropped lazily); and ``first``, the position
@@ -127,8 +161,10 @@ def iter_merges(words: Sequence[Sequence[str]], counts: Sequence[int]) -> Iterat
     true key: a count that falls or a first occurrence that moves right only makes the true key
     larger, so such entries stay valid bounds and are fixed when they reach the top; a pair whose
     key gets smaller (a count that grows, an occurrence further left) is pushed anew. The top entry
-    is accepted only if it is exact, so the pair accepted is the true best one.
+    is accepted only if it is exact, so the pair accepted is the true best one. With
+    ``tie_break="greatest"`` the position is replaced by a fixed key of the pair's bytes.
     """
+    _check_tie_break(tie_break)
     if len(words) != len(counts):
         raise ValueError(f"words has {len(words)} entries but counts has {len(counts)}")
     names = list(dict.fromkeys(symbol for word in words for symbol in word))  # symbol id -> string
@@ -144,7 +180,13 @@ def iter_merges(words: Sequence[Sequence[str]], counts: Sequence[int]) -> Iterat
             count[pair] += counts[w]
             where[pair].add(w)
             first.setdefault(pair, (w, offset))
-    heap = [(-c, *first[pair], pair) for pair, c in count.items()]
+    def order(pair: tuple[int, int]) -> tuple:
+        """The tie-breaking part of a pair's heap key (smaller wins)."""
+        if tie_break == "first":
+            return first[pair]
+        return _descending(symbol_bytes(names[pair[0]])), _descending(symbol_bytes(names[pair[1]]))
+
+    heap = [(-c, *order(pair), pair) for pair, c in count.items()]
     heapq.heapify(heap)
 
     def remove(pair: tuple[int, int], n: int, w: int, offset: int) -> None:
@@ -181,11 +223,11 @@ def iter_merges(words: Sequence[Sequence[str]], counts: Sequence[int]) -> Iterat
         c = count.get(pair, 0)
         if c == 0 or c > -neg_count:      # gone, or a fresher entry is queued
             continue
-        if pair in stale:
+        if pair in stale and tie_break == "first":
             first[pair] = locate_first(pair)
             stale.discard(pair)
-        if (neg_count, w, offset) != (-c, *first[pair]):
-            heapq.heappush(heap, (-c, *first[pair], pair))
+        if (neg_count, w, offset) != (-c, *order(pair)):
+            heapq.heappush(heap, (-c, *order(pair), pair))
             continue
 
         a, b = pair
@@ -219,7 +261,7 @@ def iter_merges(words: Sequence[Sequence[str]], counts: Sequence[int]) -> Iterat
         stale.discard(pair)
         for p in grown:
             if count.get(p, 0) > 0:
-                heapq.heappush(heap, (-count[p], *first[p], p))
+                heapq.heappush(heap, (-count[p], *order(p), p))
 
 
 # --------------------------------------------------------------------------------------------
@@ -261,21 +303,24 @@ def word_counts(text: str) -> dict[str, int]:
 
 
 def learn_bpe(word_counts: Mapping[str, int], num_merges: int, end_of_word: str = "</w>",
-              *, trainer: str = "incremental") -> list[Pair]:
+              *, trainer: str = "incremental", tie_break: TieBreak = "first") -> list[Pair]:
     """Learn up to ``num_merges`` classic BPE merges, best first (fewer if the words run out of pairs).
 
-    word_counts: word -> frequency; its order decides ties (see the module docstring).
+    word_counts: word -> frequency; with ``tie_break="first"`` its order decides ties, with
+    ``"greatest"`` the symbols' UTF-8 bytes do (see the module docstring).
     trainer: ``"incremental"`` (:func:`iter_merges`) or ``"recount"`` (:func:`iter_merges_recount`);
     both return the same list.
     """
     _check_word_counts(word_counts)
     _check_end_of_word(end_of_word)
     check_int("num_merges", num_merges, 0)
+    _check_tie_break(tie_break)
     trainers = {"incremental": iter_merges, "recount": iter_merges_recount}
     if trainer not in trainers:
         raise ValueError(f"trainer must be one of {sorted(trainers)}, got {trainer!r}")
     words = [_symbols(word, end_of_word) for word in word_counts]
-    return list(islice(trainers[trainer](words, list(word_counts.values())), num_merges))
+    merges = trainers[trainer](words, list(word_counts.values()), tie_break)
+    return list(islice(merges, num_merges))
 
 
 def learned_vocabulary(word_counts: Mapping[str, int], merges: Sequence[Pair],
@@ -403,6 +448,16 @@ def bytes_to_unicode() -> dict[int, str]:
     keep = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)}
     shifted = [b for b in range(256) if b not in keep]
     return {b: chr(b) if b in keep else chr(256 + shifted.index(b)) for b in range(256)}
+
+
+@functools.cache
+def _byte_of_char() -> dict[str, int]:
+    return {char: b for b, char in bytes_to_unicode().items()}
+
+
+def _token_bytes(token: str) -> bytes:
+    """The bytes a token over :func:`bytes_to_unicode`'s alphabet stands for (``Ġ`` is 0x20)."""
+    return bytes(_byte_of_char()[char] for char in token)
 
 
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -538,18 +593,20 @@ class ByteLevelBPE:
     def vocab_size(self) -> int:
         return len(self.vocab)
 
-    def train(self, text: str, vocab_size: int) -> ByteLevelBPE:
+    def train(self, text: str, vocab_size: int, tie_break: TieBreak = "first") -> ByteLevelBPE:
         """Learn merges on ``text`` (replacing any earlier ones) until the vocabulary holds
         ``vocab_size`` tokens, special tokens included, or no pair is left. Pre-tokens are counted
-        in order of first appearance, which decides ties; special tokens in ``text`` are cut out
-        first, so no merge reaches into them. Returns ``self``."""
+        in order of first appearance, which decides ties (``tie_break="first"``); with
+        ``"greatest"`` the lexicographically greatest pair of byte strings wins. Special tokens in
+        ``text`` are cut out first, so no merge reaches into them. Returns ``self``."""
         check_int("vocab_size", vocab_size, 256 + len(self.special_tokens))  # one token per byte
+        _check_tie_break(tie_break)
         byte_chars = bytes_to_unicode()
         pieces = Counter(p for chunk, special in split_on_special_tokens(text, self.special_tokens)
                          if not special for p in pretokenize(chunk))
         words = [[byte_chars[b] for b in piece.encode("utf-8")] for piece in pieces]
         self._reset()
-        merges = iter_merges(words, list(pieces.values()))
+        merges = iter_merges(words, list(pieces.values()), tie_break, _token_bytes)
         n_ordinary = vocab_size - len(self.special_tokens)
         while len(self.vocab) < n_ordinary and (pair := next(merges, None)) is not None:
             self._add_merge(pair)

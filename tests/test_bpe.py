@@ -12,8 +12,19 @@ from hypothesis import strategies as st
 from tokenizers import pre_tokenizers
 
 from lecture_pkg.bpe import (
-    ByteLevelBPE, apply_bpe, bpe_steps, bytes_to_unicode, iter_merges, iter_merges_recount, learn_bpe,
-    learned_vocabulary, merge_pair, pair_counts, pretokenize, split_on_special_tokens, word_counts,
+    ByteLevelBPE,
+    apply_bpe,
+    bpe_steps,
+    bytes_to_unicode,
+    iter_merges,
+    iter_merges_recount,
+    learn_bpe,
+    learned_vocabulary,
+    merge_pair,
+    pair_counts,
+    pretokenize,
+    split_on_special_tokens,
+    word_counts,
 )
 from lecture_pkg.data import pydoc_topics
 
@@ -391,3 +402,86 @@ def test_load_rejects_foreign_json(tmp_path) -> None:
     path.write_text(json.dumps({"model": {"type": "BPE"}}))
     with pytest.raises(ValueError, match="ByteLevelBPE.save"):
         ByteLevelBPE.load(path)
+
+
+# ---------------------------------------------------------------- the other tie rule: greatest pair
+
+def greatest_pair_reference(words: list[list[bytes]], counts: list[int], num_merges: int
+                            ) -> list[tuple[bytes, bytes]]:
+    """A plain trainer on byte strings in the style of CS336's assignment and subword-nmt:
+    recount, take max over (count, (first bytes, second bytes)), merge everywhere.
+    words: each word's initial symbols as byte strings."""
+    words = [list(word) for word in words]
+    merges = []
+    for _ in range(num_merges):
+        totals: dict[tuple[bytes, bytes], int] = {}
+        for word, n in zip(words, counts):
+            for pair in zip(word, word[1:]):
+                totals[pair] = totals.get(pair, 0) + n
+        if not totals:
+            break
+        best = max(totals, key=lambda pair: (totals[pair], pair))
+        merges.append(best)
+        for k, word in enumerate(words):
+            out, i = [], 0
+            while i < len(word):
+                if i + 1 < len(word) and (word[i], word[i + 1]) == best:
+                    out.append(word[i] + word[i + 1])
+                    i += 2
+                else:
+                    out.append(word[i])
+                    i += 1
+            words[k] = out
+    return merges
+
+
+def test_greatest_tie_rule_on_the_lectures_words() -> None:
+    """e s, s t and t </w> all occur 9 times: the lectures' rule takes the first seen (e s),
+    the greatest-pair rule t </w> (t > s > e)."""
+    for trainer in ("incremental", "recount"):
+        assert learn_bpe(SLIDE_WORDS, 1, trainer=trainer) == [("e", "s")]
+        assert learn_bpe(SLIDE_WORDS, 1, trainer=trainer, tie_break="greatest") == [("t", "</w>")]
+    assert learn_bpe({"ab": 1, "cd": 1}, 1, end_of_word="", tie_break="greatest") == [("c", "d")]
+    assert learn_bpe({"ab": 1, "cd": 1}, 1, end_of_word="") == [("a", "b")]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_greatest_tie_rule_trainers_agree_with_the_reference(seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    counts = {"".join(rng.choice("abcé") for _ in range(rng.randint(1, 6))): rng.randint(1, 3)
+              for _ in range(25)}
+    fast = learn_bpe(counts, 40, end_of_word="", tie_break="greatest")
+    slow = learn_bpe(counts, 40, end_of_word="", trainer="recount", tie_break="greatest")
+    ref = greatest_pair_reference([[c.encode() for c in w] for w in counts],
+                                  list(counts.values()), 40)
+    assert fast == slow
+    assert [(a.encode(), b.encode()) for a, b in fast] == ref[:len(fast)]
+    assert fast != learn_bpe(counts, 40, end_of_word="")  # the rule does change the merges
+
+
+def test_byte_level_greatest_rule_compares_bytes_not_characters() -> None:
+    """A space is byte 0x20 but the character Ġ (U+0120) in token strings: by bytes
+    (z, x) > (space, z); by the token strings it would be the other way round."""
+    tok = ByteLevelBPE().train(" x zx", vocab_size=257, tie_break="greatest")
+    assert tok.merges == [("z", "x")]
+    assert ByteLevelBPE().train(" x zx", vocab_size=257).merges == [("Ġ", "x")]
+    text = pydoc_topics()[:3000]
+    tok = ByteLevelBPE().train(text, vocab_size=256 + 60, tie_break="greatest")
+    pieces = {}
+    for piece in pretokenize(text):
+        pieces[piece] = pieces.get(piece, 0) + 1
+    ref = greatest_pair_reference([[bytes([b]) for b in p.encode()] for p in pieces],
+                                  list(pieces.values()), 60)
+    byte_of = {c: b for b, c in bytes_to_unicode().items()}
+    ours = [tuple(bytes(byte_of[c] for c in s) for s in pair) for pair in tok.merges]
+    assert ours == ref[:len(ours)] and len(ours) == 60
+    assert tok.decode(tok.encode(text)) == text
+
+
+def test_tie_break_errors() -> None:
+    with pytest.raises(ValueError, match="tie_break must be 'first' or 'greatest'"):
+        learn_bpe(SLIDE_WORDS, 3, tie_break="last")
+    with pytest.raises(ValueError, match="tie_break"):
+        ByteLevelBPE().train("abc", 260, tie_break="smallest")

@@ -163,6 +163,8 @@ def test_embedding_dropout_of_one_zeroes_the_embedded_input() -> None:
     bert = BertModel(BertConfig(vocab_size=30, hidden_size=8, num_layers=1, num_heads=2,
                                 intermediate_size=16, max_positions=8)).train()
     bert.dropout = nn.Dropout(1.0)
+    with torch.no_grad():  # a norm bias that is not 0, so dropout before the norm would show
+        bert.embed_norm.bias.fill_(1.0)
     assert bert.embed(ids).abs().max() == 0
 
     vit = ViT(ViTConfig(image_size=8, patch_size=4, hidden_size=8, num_layers=1, num_heads=2,
