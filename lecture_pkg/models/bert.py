@@ -60,22 +60,27 @@ class BertConfig:
         """Ours from a ``transformers.BertConfig``. HF has two dropout rates (hidden and
         attention); our layers use one, so they must agree."""
         check_hf_class(hf_config, "BertConfig")
-        if hf_config.hidden_act not in _HF_ACTIVATIONS:
-            raise ValueError(f"hidden_act {hf_config.hidden_act!r} is not supported: one of "
-                             f"{sorted(_HF_ACTIVATIONS)}")
-        if hf_config.hidden_dropout_prob != hf_config.attention_probs_dropout_prob:
-            raise ValueError("hidden_dropout_prob and attention_probs_dropout_prob must be equal "
-                             f"(got {hf_config.hidden_dropout_prob} and "
-                             f"{hf_config.attention_probs_dropout_prob}): our layers use one rate")
-        return cls(vocab_size=hf_config.vocab_size, hidden_size=hf_config.hidden_size,
-                   num_layers=hf_config.num_hidden_layers,
-                   num_heads=hf_config.num_attention_heads,
-                   intermediate_size=hf_config.intermediate_size,
-                   max_positions=hf_config.max_position_embeddings,
-                   type_vocab_size=hf_config.type_vocab_size,
-                   activation=_HF_ACTIVATIONS[hf_config.hidden_act],
-                   dropout=hf_config.hidden_dropout_prob, eps=hf_config.layer_norm_eps,
-                   num_labels=hf_config.num_labels)
+        return cls(**_encoder_kwargs(hf_config))
+
+
+def _encoder_kwargs(hf_config: Any) -> dict[str, Any]:
+    """BertConfig's fields from a BERT-family ``transformers`` config (BERT, ELECTRA)."""
+    if hf_config.hidden_act not in _HF_ACTIVATIONS:
+        raise ValueError(f"hidden_act {hf_config.hidden_act!r} is not supported: one of "
+                         f"{sorted(_HF_ACTIVATIONS)}")
+    if hf_config.hidden_dropout_prob != hf_config.attention_probs_dropout_prob:
+        raise ValueError("hidden_dropout_prob and attention_probs_dropout_prob must be equal "
+                         f"(got {hf_config.hidden_dropout_prob} and "
+                         f"{hf_config.attention_probs_dropout_prob}): our layers use one rate")
+    return {"vocab_size": hf_config.vocab_size, "hidden_size": hf_config.hidden_size,
+            "num_layers": hf_config.num_hidden_layers,
+            "num_heads": hf_config.num_attention_heads,
+            "intermediate_size": hf_config.intermediate_size,
+            "max_positions": hf_config.max_position_embeddings,
+            "type_vocab_size": hf_config.type_vocab_size,
+            "activation": _HF_ACTIVATIONS[hf_config.hidden_act],
+            "dropout": hf_config.hidden_dropout_prob, "eps": hf_config.layer_norm_eps,
+            "num_labels": hf_config.num_labels}
 
 
 def init_bert_weights(module: nn.Module) -> None:
@@ -180,11 +185,7 @@ class BertModel(_BertInterop, nn.Module):
         self.segment = nn.Embedding(config.type_vocab_size, d, **factory)
         self.embed_norm = nn.LayerNorm(d, eps=config.eps, **factory)
         self.dropout = nn.Dropout(config.dropout)
-        self.layers = nn.ModuleList(
-            EncoderLayer(d, config.num_heads, config.intermediate_size, config.dropout,
-                         activation=config.activation, norm="layer", wiring="post",
-                         eps=config.eps, ffn_dropout=0.0, **factory)  # as HF: none inside
-            for _ in range(config.num_layers))
+        self.layers = encoder_layers(config, **factory)
         self.pooler = nn.Linear(d, d, **factory)
         self.apply(init_bert_weights)
 
@@ -205,14 +206,33 @@ class BertModel(_BertInterop, nn.Module):
                 output_attentions: bool = False) -> BertOutput:
         x = self.embed(input_ids, token_type_ids)
         padding = check_padding_mask("attention_mask", attention_mask, tuple(input_ids.shape))
-        hidden_states, attentions = [x], []
-        for layer in self.layers:
-            x, weights = layer(x, key_padding_mask=padding, output_attentions=output_attentions)
-            hidden_states.append(x)
-            attentions.append(weights)
+        hidden_states, attentions = run_layers(self.layers, x, padding, output_attentions)
+        x = hidden_states[-1]
         pooled = torch.tanh(self.pooler(x[:, 0]))  # the [CLS] position
-        return BertOutput(x, pooled, tuple(hidden_states),
-                          tuple(attentions) if output_attentions else None)
+        return BertOutput(x, pooled, hidden_states, attentions)
+
+
+def encoder_layers(config: BertConfig, device: torch.device | str | None = None,
+                   dtype: torch.dtype | None = None) -> nn.ModuleList:
+    """BERT's stack: ``num_layers`` post-LN :class:`EncoderLayer` s, with dropout after each
+    sublayer and none inside the FFN (as HF's BertIntermediate/BertOutput)."""
+    return nn.ModuleList(
+        EncoderLayer(config.hidden_size, config.num_heads, config.intermediate_size,
+                     config.dropout, activation=config.activation, norm="layer", wiring="post",
+                     eps=config.eps, ffn_dropout=0.0, device=device, dtype=dtype)
+        for _ in range(config.num_layers))
+
+
+def run_layers(layers: nn.ModuleList, x: Tensor, padding: Tensor | None,
+               output_attentions: bool) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...] | None]:
+    """x: (batch, t, hidden) through every layer; returns (the input then every layer's output,
+    every layer's weights (batch, heads, t, t) or None when not asked for)."""
+    hidden_states, attentions = [x], []
+    for layer in layers:
+        x, weights = layer(x, key_padding_mask=padding, output_attentions=output_attentions)
+        hidden_states.append(x)
+        attentions.append(weights)
+    return tuple(hidden_states), tuple(attentions) if output_attentions else None
 
 
 def _prefixed(prefix: str, names: list[tuple[str, str]]) -> list[tuple[str, str]]:
