@@ -15,9 +15,10 @@ The module follows that sentence from top to bottom:
 3. :func:`attention` (any score, any normaliser) and :func:`scaled_dot_product_attention`
    (the Transformer's, with torch's masks, dropout, fp16/bf16 safety and the weights);
 4. :class:`MultiHeadAttention`, interchangeable with ``torch.nn.MultiheadAttention``;
-5. :func:`local_attention` (each query sees a window of keys: O(r n d) instead of O(n^2 d)) and
-   :func:`flash_attention` (all keys, exactly, one tile of scores at a time, never the whole
-   t_q x t_k matrix).
+5. :func:`local_attention` (each query sees a window of keys: O(r n d) instead of O(n^2 d)),
+   :func:`linformer_attention` / :class:`LinformerSelfAttention` (keys and values projected
+   along the sequence to k << n rows: O(n k d), an approximation) and :func:`flash_attention`
+   (all keys, exactly, one tile of scores at a time, never the whole t_q x t_k matrix).
 
 Conventions: batch first, shapes written ``q: (..., t_q, d_k)`` where ``...`` are batch dims
 (e.g. batch, heads) that q, k and v must share exactly (no silent broadcasting); boolean masks use
@@ -42,6 +43,7 @@ __all__ = [
     "AdditiveScore",
     "BilinearScore",
     "KVCache",
+    "LinformerSelfAttention",
     "MultiHeadAttention",
     "attention",
     "cosine_score",
@@ -49,6 +51,7 @@ __all__ = [
     "flash_attention",
     "gaussian_score",
     "grouped_query_attention",
+    "linformer_attention",
     "local_attention",
     "scaled_dot_product_attention",
     "scaled_dot_score",
@@ -697,6 +700,77 @@ def local_attention(q: Tensor, k: Tensor, v: Tensor, radius: int,
     weights = torch.softmax(scores, dim=-1)
     out = (weights.unsqueeze(-2) @ windows(v)).squeeze(-2)
     return out.to(q.dtype), weights.to(q.dtype)
+
+
+def linformer_attention(q: Tensor, k: Tensor, v: Tensor, e: Tensor, f: Tensor,
+                        scale: float | None = None) -> tuple[Tensor, Tensor]:
+    """Linformer attention (Wang et al. 2020): softmax(q (E k)^T * scale) (F v). E and F mix
+    the n keys and values into proj_len rows along the *sequence*, so the weights are
+    (n, proj_len) instead of (n, n): O(n proj_len d) time and memory. It approximates full
+    attention (exactly equal when proj_len = n and E = F = I); it cannot be causal, since
+    every projected row mixes all positions.
+
+    q: (..., n_q, d_k), k: (..., n, d_k), v: (..., n, d_v); e, f: (proj_len, n), shared by
+    the batch dims. Returns out: (..., n_q, d_v) and weights: (..., n_q, proj_len).
+    """
+    _check_qkv(q, k, v)
+    n = k.shape[-2]
+    for name, proj in (("e", e), ("f", f)):
+        _check_tensor(proj, name)
+        if proj.dtype != q.dtype or proj.device != q.device:
+            raise TypeError(f"{name} is {proj.dtype} on {proj.device} but q is {q.dtype} on "
+                            f"{q.device}; they must share dtype and device")
+        if proj.dim() != 2 or proj.shape[1] != n:
+            raise ValueError(f"{name} must have shape (proj_len, n) = (proj_len, {n}), "
+                             f"got {tuple(proj.shape)}")
+    if e.shape != f.shape:
+        raise ValueError(f"e and f must have the same shape, got {tuple(e.shape)} and "
+                         f"{tuple(f.shape)}")
+    compute = _compute_dtype(q.dtype)
+    k_low = e.to(compute) @ k.to(compute)  # (..., proj_len, d_k)
+    v_low = f.to(compute) @ v.to(compute)  # (..., proj_len, d_v)
+    scores = (q.to(compute) @ k_low.transpose(-2, -1)) * _default_scale(q, scale)
+    weights = torch.softmax(scores, dim=-1)
+    return (weights @ v_low).to(q.dtype), weights.to(q.dtype)
+
+
+class LinformerSelfAttention(MultiHeadAttention):
+    """Multi-head self-attention with Linformer's projections: the projected keys and values
+    of each head are mixed along the sequence by E and F, (proj_len, seq_len) parameters shared
+    by all heads and layers' inputs (the paper's "headwise sharing"; ``share_kv`` uses one
+    matrix for both). Sequences up to ``seq_len`` long are accepted; a shorter one uses the
+    first t columns of E and F. No attention dropout.
+
+    forward(x, need_weights=False) -> (out: (batch, t, embed_dim),
+        weights: (batch, heads, t, proj_len) or None).
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, seq_len: int, proj_len: int,
+                 share_kv: bool = False, bias: bool = True,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
+        super().__init__(embed_dim, num_heads, bias=bias, device=device, dtype=dtype)
+        check_int("seq_len", seq_len, minimum=1)
+        check_int("proj_len", proj_len, minimum=1)
+        self.seq_len, self.proj_len = seq_len, proj_len
+        factory = {"device": device, "dtype": dtype}
+        self.e = nn.Parameter(torch.randn(proj_len, seq_len, **factory) / math.sqrt(proj_len))
+        self.f = self.e if share_kv else nn.Parameter(
+            torch.randn(proj_len, seq_len, **factory) / math.sqrt(proj_len))
+
+    def forward(self, x: Tensor, need_weights: bool = False  # type: ignore[override]
+                ) -> tuple[Tensor, Tensor | None]:
+        self._check_inputs(x, x, x)
+        t = x.shape[1]
+        if t > self.seq_len:
+            raise ValueError(f"x has {t} positions but this layer projects at most "
+                             f"seq_len = {self.seq_len}")
+        q, k, v = (self._split_heads(proj(x)) for proj in (self.q_proj, self.k_proj, self.v_proj))
+        out, weights = linformer_attention(q, k, v, self.e[:, :t], self.f[:, :t], self.scale)
+        out = out.transpose(1, 2).reshape(x.shape[0], t, self.embed_dim)
+        return self.out_proj(out), weights if need_weights else None
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, seq_len={self.seq_len}, proj_len={self.proj_len}"
 
 
 def flash_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,

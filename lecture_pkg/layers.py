@@ -19,6 +19,7 @@ Shapes: x: (batch, t, d_model), batch first. Masks: bool, True = may attend (see
 
 from __future__ import annotations
 
+import math
 from functools import partial
 from typing import Callable, Literal
 
@@ -167,10 +168,10 @@ class Residual(nn.Module):
 
     - ``"post"``:     Norm(x + Dropout(F(x)))            (Vaswani et al. 2017; BERT)
     - ``"pre"``:      x + Dropout(F(Norm(x)))            (GPT-2, T5, ViT; Xiong et al. 2020)
-    - ``"sandwich"``: x + Dropout(Norm'(F(Norm(x))))     (CogView / NormFormer)
+    - ``"sandwich"``: x + Dropout(Norm'(F(Norm(x))))     (CogView's Sandwich-LN, Ding et al. 2021)
     - ``"deepnorm"``: Norm(alpha * x + Dropout(F(x)))    (DeepNet, Wang et al. 2022)
 
-    Dropout sits on the sub-layer's output before the add, as in the paper. ``norm`` is the norm
+    Dropout sits on the sub-layer's output before the add (the paper's residual dropout). ``norm`` is the norm
     at the input (pre, sandwich) or at the output (post, deepnorm); ``out_norm`` is sandwich's
     second one. forward(x, sublayer): x (batch, t, d_model) -> (batch, t, d_model).
     """
@@ -421,16 +422,26 @@ class MoEFeedForward(nn.Module):
       of token-to-expert assignments that went to expert e and P_e the mean router probability
       of e. It is 1 for perfectly balanced routing and grows as routing concentrates; add it
       (times a small coefficient such as 0.01) to the training loss;
-    - ``expert_fraction``: (num_experts,) the f_e above, summing to 1.
+    - ``expert_fraction``: (num_experts,) the f_e above, summing to 1;
+    - ``dropped_fraction``: the fraction of assignments that found their expert full.
+
+    ``capacity_factor`` (Switch): each expert processes at most
+    ceil(capacity_factor * tokens * k / num_experts) assignments per forward, in token order;
+    the rest are dropped (that expert adds nothing for them, so in a residual block the token
+    passes through unchanged). None: no limit.
 
     x: (..., d_model) -> (..., d_model).
     """
 
     def __init__(self, d_model: int, d_ff: int, num_experts: int, k: int = 1,
                  activation: str = "relu", dropout: float = 0.0, bias: bool = True,
+                 capacity_factor: float | None = None,
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         check_int("num_experts", num_experts, minimum=1)
+        if capacity_factor is not None and not capacity_factor > 0:
+            raise ValueError(f"capacity_factor must be > 0 or None, got {capacity_factor!r}")
+        self.capacity_factor = capacity_factor
         check_int("k", k, minimum=1)
         if k > num_experts:
             raise ValueError(f"k must be <= num_experts = {num_experts}, got {k}")
@@ -442,6 +453,7 @@ class MoEFeedForward(nn.Module):
             for _ in range(num_experts))
         self.aux_loss: Tensor | None = None
         self.expert_fraction: Tensor | None = None
+        self.dropped_fraction: float | None = None
 
     def forward(self, x: Tensor) -> Tensor:
         check_float_tensor("x", x)
@@ -454,17 +466,25 @@ class MoEFeedForward(nn.Module):
         gates = top_p if self.k == 1 else top_p / top_p.sum(dim=-1, keepdim=True)
 
         out = torch.zeros_like(tokens)
+        capacity = (None if self.capacity_factor is None else
+                    math.ceil(self.capacity_factor * tokens.shape[0] * self.k / self.num_experts))
+        dropped = 0
         for e, expert in enumerate(self.experts):
-            token_idx, slot = (top_e == e).nonzero(as_tuple=True)
+            token_idx, slot = (top_e == e).nonzero(as_tuple=True)  # in token order
+            if capacity is not None and token_idx.numel() > capacity:
+                dropped += token_idx.numel() - capacity
+                token_idx, slot = token_idx[:capacity], slot[:capacity]
             if token_idx.numel():
                 gate = gates[token_idx, slot, None].to(tokens.dtype)
                 out.index_add_(0, token_idx, gate * expert(tokens[token_idx]))
 
         counts = torch.bincount(top_e.flatten(), minlength=self.num_experts).to(probs.dtype)
         self.expert_fraction = counts / counts.sum()
+        self.dropped_fraction = dropped / top_e.numel()
         self.aux_loss = self.num_experts * (self.expert_fraction * probs.mean(dim=0)).sum()
         return out.reshape(x.shape)
 
     def extra_repr(self) -> str:
-        return f"num_experts={self.num_experts}, k={self.k}"
+        capacity = "" if self.capacity_factor is None else f", capacity_factor={self.capacity_factor}"
+        return f"num_experts={self.num_experts}, k={self.k}{capacity}"
 

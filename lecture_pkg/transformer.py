@@ -10,7 +10,9 @@ recipe it was trained with.
    beam search through :mod:`lecture_pkg.generation`);
 2. :func:`count_parameters`: a configuration's size, built on the meta device (no memory);
 3. the training recipe: :func:`transformer_lr` (warmup, then inverse square root decay),
-   :func:`label_smoothed_cross_entropy` and :func:`transformer_adam` (beta2 = 0.98, eps = 1e-9).
+   :func:`label_smoothed_cross_entropy` and :func:`transformer_adam` (beta2 = 0.98, eps = 1e-9);
+4. evaluation: :func:`corpus_bleu` (Papineni et al. 2002) on token sequences, with
+   :func:`ngram_matches` for its clipped n-gram counts.
 
 Shapes: src (batch, t_src), tgt (batch, t_tgt) LongTensors; masks are bool with True = a real
 token that may be attended (the opposite of ``nn.Transformer``'s bool masks).
@@ -19,23 +21,33 @@ token that may be attended (the opposite of ``nn.Transformer``'s bool masks).
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lecture_pkg.attention import KVCache
 from lecture_pkg.checks import check_bool_mask, check_int
 from lecture_pkg.generation import beam_search, greedy_search
-from lecture_pkg.layers import DecoderLayer, EncoderLayer, NormKind, Wiring, make_norm
+from lecture_pkg.layers import (
+    DecoderLayer,
+    EncoderLayer,
+    NormKind,
+    Wiring,
+    deepnet_constants,
+    deepnet_init_,
+    make_norm,
+)
 from lecture_pkg.positional import sinusoidal_encoding
 
 __all__ = [
     "Transformer",
+    "corpus_bleu",
     "count_parameters",
     "label_smoothed_cross_entropy",
+    "ngram_matches",
     "transformer_adam",
     "transformer_lr",
     "transformer_lr_lambda",
@@ -55,7 +67,10 @@ class Transformer(nn.Module):
 
     ``share_embeddings`` uses one matrix for source and target tokens (a joint vocabulary:
     src_vocab_size must equal tgt_vocab_size); ``tie_output`` makes the pre-softmax linear map
-    the target embedding's transpose. The paper does both. ``final_norm`` (default: True for
+    the target embedding's transpose. The paper does both. ``wiring="deepnorm"`` uses
+    DeepNet's constants for N encoder and M decoder layers (:func:`~lecture_pkg.layers.
+    deepnet_constants`, held in ``self.deepnet``): each stack's residual is scaled by its alpha
+    and its FFN, value and output projections are initialised with gain beta. ``final_norm`` (default: True for
     "pre" and "sandwich" wiring, whose stacks otherwise end un-normalised) adds a norm after
     each stack. ``pad_token_id``, when given, builds the padding masks from the ids.
 
@@ -96,9 +111,14 @@ class Transformer(nn.Module):
         layer = {"d_model": d_model, "num_heads": num_heads, "d_ff": d_ff, "dropout": dropout,
                  "activation": activation, "norm": norm, "wiring": wiring, "eps": eps, **factory}
         self.d_model, self.pad_token_id = d_model, pad_token_id
-        self.encoder_layers = nn.ModuleList(EncoderLayer(**layer)
+        # DeepNorm: (alpha, beta) per stack; alpha up-weights the residual, beta the init
+        self.deepnet = (deepnet_constants(num_encoder_layers, num_decoder_layers)
+                        if wiring == "deepnorm" else None)
+        alpha = {"encoder": 1.0, "decoder": 1.0} if self.deepnet is None else {
+            stack: constants[0] for stack, constants in self.deepnet.items()}
+        self.encoder_layers = nn.ModuleList(EncoderLayer(**layer, alpha=alpha["encoder"])
                                             for _ in range(num_encoder_layers))
-        self.decoder_layers = nn.ModuleList(DecoderLayer(**layer)
+        self.decoder_layers = nn.ModuleList(DecoderLayer(**layer, alpha=alpha["decoder"])
                                             for _ in range(num_decoder_layers))
         if final_norm is None:
             final_norm = wiring in ("pre", "sandwich")
@@ -114,13 +134,19 @@ class Transformer(nn.Module):
         self._reset_parameters()
 
     def _reset_parameters(self) -> None:
-        """Xavier-uniform matrices (as nn.Transformer); embeddings N(0, 1/d_model), so that
+        """Xavier-uniform matrices (as nn.Transformer); with DeepNorm wiring DeepNet's
+        Xavier-normal instead, gain beta on the FFN, value and output projections
+        (:func:`~lecture_pkg.layers.deepnet_init_`). Embeddings N(0, 1/d_model), so that
         sqrt(d_model) * embedding has unit variance, like the sinusoids it is added to, and a
         tied output layer starts with small logits."""
         for layer in [*self.encoder_layers, *self.decoder_layers]:
             for p in layer.parameters():
                 if p.dim() > 1:
                     nn.init.xavier_uniform_(p)
+        if self.deepnet is not None:
+            for stack, (_, beta) in self.deepnet.items():
+                for layer in getattr(self, f"{stack}_layers"):
+                    deepnet_init_(layer, beta)
         for embedding in (self.src_embed, self.tgt_embed):
             nn.init.normal_(embedding.weight, std=self.d_model**-0.5)
         if self.output.weight is not self.tgt_embed.weight:
@@ -255,7 +281,7 @@ class Transformer(nn.Module):
 
     @classmethod
     def from_torch(cls, module: nn.Transformer, src_vocab_size: int, tgt_vocab_size: int,
-                   **embedding_options: Any) -> "Transformer":
+                   **embedding_options: Any) -> Transformer:
         """A Transformer whose encoder, decoder and final norms are copies of ``module``'s, with
         new embeddings and output layer (nn.Transformer has none). Feeding
         ``embed_source(src)``/``embed_target(tgt)`` to ``module`` and applying ``output`` gives
@@ -361,3 +387,53 @@ def label_smoothed_cross_entropy(logits: Tensor, target: Tensor, smoothing: floa
     if reduction == "sum":
         return loss.sum()
     return loss.sum() / keep.sum()  # no real token at all: 0/0 = nan, as F.cross_entropy
+
+
+# --------------------------------------------------------------------------------------------
+# 4. Evaluating a translation: corpus BLEU
+# --------------------------------------------------------------------------------------------
+
+
+def ngram_matches(hypotheses: Sequence[Sequence[Any]], references: Sequence[Sequence[Any]],
+                  max_order: int = 4) -> tuple[list[int], list[int]]:
+    """Clipped n-gram matches and hypothesis n-gram totals for n = 1..max_order, pooled over
+    the corpus (one reference per hypothesis): a hypothesis n-gram counts as matched at most as
+    often as it occurs in its reference. Returns (matches, totals), each of length max_order."""
+    check_int("max_order", max_order, minimum=1)
+    if len(hypotheses) != len(references):
+        raise ValueError(f"hypotheses and references must pair up, got {len(hypotheses)} and "
+                         f"{len(references)}")
+    matches, totals = [0] * max_order, [0] * max_order
+    for hyp, ref in zip(hypotheses, references):
+        for n in range(1, max_order + 1):
+            hyp_ngrams = Counter(tuple(hyp[i:i + n]) for i in range(len(hyp) - n + 1))
+            ref_ngrams = Counter(tuple(ref[i:i + n]) for i in range(len(ref) - n + 1))
+            totals[n - 1] += sum(hyp_ngrams.values())
+            matches[n - 1] += sum((hyp_ngrams & ref_ngrams).values())
+    return matches, totals
+
+
+def corpus_bleu(hypotheses: Sequence[Sequence[Any]], references: Sequence[Sequence[Any]],
+                max_order: int = 4, smoothing: float = 0.0) -> float:
+    """Corpus BLEU in percent: 100 * BP * exp(mean_n log p_n), p_n the pooled clipped n-gram
+    precisions of :func:`ngram_matches` and BP = min(1, exp(1 - ref_len / hyp_len)) the
+    brevity penalty (Papineni et al. 2002). Unsmoothed by default, so a corpus without a single
+    matching max_order-gram scores 0. ``smoothing`` = k > 0 adds k to the matches and totals of
+    the orders n >= 2 (Lin & Och 2004; sacreBLEU's ``smooth_method="add-k"``). Tokens are any
+    hashable items; equals ``sacrebleu.corpus_bleu`` with ``tokenize="none"`` on the
+    space-joined tokens."""
+    if not isinstance(smoothing, (int, float)) or smoothing < 0:
+        raise ValueError(f"smoothing must be a number >= 0, got {smoothing!r}")
+    matches, totals = ngram_matches(hypotheses, references, max_order)
+    hyp_len = sum(map(len, hypotheses))
+    ref_len = sum(map(len, references))
+    if hyp_len == 0 or not any(matches):
+        return 0.0
+    log_precision = 0.0
+    for n, (m, t) in enumerate(zip(matches, totals), start=1):
+        k = smoothing if n > 1 else 0.0
+        if m + k == 0 or t + k == 0:
+            return 0.0
+        log_precision += math.log((m + k) / (t + k)) / max_order
+    brevity = min(1.0, math.exp(1 - ref_len / hyp_len))
+    return 100 * brevity * math.exp(log_precision)

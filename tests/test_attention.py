@@ -668,3 +668,50 @@ def test_grouped_query_attention_mask_and_errors() -> None:
         grouped_query_attention(q, k[0], v)
     with pytest.raises(ValueError, match="batch dims"):
         grouped_query_attention(q, k.expand(2, -1, -1, -1), v.expand(2, -1, -1, -1))
+
+
+# --------------------------------------------------------------------------------------------
+# Linformer: keys and values projected along the sequence
+# --------------------------------------------------------------------------------------------
+
+
+def test_linformer_attention_is_sdpa_on_projected_keys_and_values() -> None:
+    from lecture_pkg.attention import linformer_attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 12, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    e, f = torch.randn(2, 4, 12, generator=g, dtype=torch.float64)
+    out, weights = linformer_attention(q, k, v, e, f)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, e @ k, f @ v))
+    assert weights.shape == (2, 3, 12, 4)
+    # a float64 loop over one query, from the paper's formula
+    row = torch.softmax(q[1, 2, 5] @ (e @ k[1, 2]).T / math.sqrt(8), -1)
+    torch.testing.assert_close(out[1, 2, 5], row @ (f @ v[1, 2]))
+    # proj_len = n with E = F = I is full attention
+    eye = torch.eye(12, dtype=torch.float64)
+    torch.testing.assert_close(linformer_attention(q, k, v, eye, eye)[0],
+                               F.scaled_dot_product_attention(q, k, v))
+    with pytest.raises(ValueError, match=r"e must have shape \(proj_len, n\)"):
+        linformer_attention(q, k, v, e[:, :5], f)
+    with pytest.raises(ValueError, match="same shape"):
+        linformer_attention(q, k, v, e, f[:2])
+
+
+def test_linformer_module_matches_its_functional_form_and_checks_length() -> None:
+    from lecture_pkg.attention import LinformerSelfAttention, linformer_attention
+
+    torch.manual_seed(0)
+    layer = LinformerSelfAttention(16, 2, seq_len=10, proj_len=3).double()
+    x = torch.randn(2, 7, 16, dtype=torch.float64)  # shorter than seq_len: first 7 columns
+    out, weights = layer(x, need_weights=True)
+    split = lambda t: t.view(2, 7, 2, 8).transpose(1, 2)  # noqa: E731
+    q, k, v = split(layer.q_proj(x)), split(layer.k_proj(x)), split(layer.v_proj(x))
+    expected, w = linformer_attention(q, k, v, layer.e[:, :7], layer.f[:, :7])
+    torch.testing.assert_close(out, layer.out_proj(expected.transpose(1, 2).reshape(2, 7, 16)))
+    torch.testing.assert_close(weights, w)
+    assert weights.shape == (2, 2, 7, 3) and layer(x)[1] is None
+    assert LinformerSelfAttention(16, 2, 10, 3, share_kv=True).f is not None
+    shared = LinformerSelfAttention(16, 2, 10, 3, share_kv=True)
+    assert shared.e is shared.f
+    with pytest.raises(ValueError, match="seq_len = 10"):
+        layer(torch.randn(1, 11, 16, dtype=torch.float64))

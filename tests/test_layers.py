@@ -354,3 +354,43 @@ def test_moe_router_gets_a_gradient_from_the_aux_loss() -> None:
     out = moe(torch.randn(10, 4))
     (out.sum() + moe.aux_loss).backward()
     assert moe.router.weight.grad is not None and moe.router.weight.grad.abs().sum() > 0
+
+
+# --------------------------------------------------------------------------------------------
+# Mixture of experts: the load-balancing loss against HF, and the capacity limit
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_moe_load_balancing_loss_equals_hf_mixtral(k: int) -> None:
+    mixtral = pytest.importorskip("transformers.models.mixtral.modeling_mixtral")
+    torch.manual_seed(0)
+    moe = MoEFeedForward(16, 32, num_experts=4, k=k).double()
+    x = torch.randn(3, 5, 16, dtype=torch.float64)
+    moe(x)
+    router_logits = moe.router(x.reshape(-1, 16))  # the same logits HF's function gets
+    hf = mixtral.load_balancing_loss_func((router_logits,), num_experts=4, top_k=k)
+    # HF sums the per-slot fractions (balanced = k); ours divides by k (balanced = 1)
+    assert (k * moe.aux_loss).item() == pytest.approx(hf.item(), rel=1e-5)
+
+
+def test_moe_capacity_drops_the_overflow_in_token_order() -> None:
+    torch.manual_seed(0)
+    moe = MoEFeedForward(8, 16, num_experts=2, k=1, capacity_factor=0.5).double()
+    with torch.no_grad():  # route every token to expert 0
+        moe.router.weight.zero_()
+        moe.router.weight[0] = 0.0
+        moe.router.weight[1] = -1e3
+    x = torch.rand(1, 8, 8, dtype=torch.float64) + 0.1  # positive: expert 1 scores below 0
+    out = moe(x)
+    capacity = 2  # ceil(0.5 * 8 tokens * 1 / 2 experts)
+    gate = torch.softmax(moe.router(x[0]), -1)[:, 0, None]
+    expected = gate[:capacity] * moe.experts[0](x[0, :capacity])
+    torch.testing.assert_close(out[0, :capacity], expected)
+    assert (out[0, capacity:] == 0).all()
+    assert moe.dropped_fraction == pytest.approx(6 / 8)
+    unlimited = MoEFeedForward(8, 16, num_experts=2).double()
+    unlimited(x)
+    assert unlimited.dropped_fraction == 0.0
+    with pytest.raises(ValueError, match="capacity_factor"):
+        MoEFeedForward(8, 16, num_experts=2, capacity_factor=0)

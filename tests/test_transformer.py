@@ -327,3 +327,94 @@ def test_float32_fast_path_with_padding_and_causal_masks_equals_teaching_path() 
     fast = model(src, tgt, src_mask, tgt_mask)
     slow, _ = model(src, tgt, src_mask, tgt_mask, output_attentions=True)
     torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------
+# DeepNorm: DeepNet's alpha on the residual, beta on the initialisation
+# --------------------------------------------------------------------------------------------
+
+
+def test_deepnorm_scales_each_stack_residual_by_its_alpha() -> None:
+    from lecture_pkg.layers import deepnet_constants
+
+    n, m = 6, 2  # asymmetric: the encoder's alpha depends on N and M, the decoder's on M only
+    model = small(wiring="deepnorm", num_encoder_layers=n, num_decoder_layers=m)
+    (enc_alpha, _), (dec_alpha, _) = (deepnet_constants(n, m)[s] for s in ("encoder", "decoder"))
+    assert enc_alpha == pytest.approx(0.81 * (n**4 * m) ** (1 / 16))
+    assert dec_alpha == pytest.approx((3 * m) ** 0.25)
+    layer = model.encoder_layers[0]
+    assert layer.attn_block.alpha == layer.ffn_block.alpha == pytest.approx(enc_alpha)
+    assert [b.alpha for d in model.decoder_layers
+            for b in (d.self_block, d.cross_block, d.ffn_block)] == [pytest.approx(dec_alpha)] * 3 * m
+    # the forward pass uses it: Norm(alpha x + F(x)) computed by hand for one encoder block
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    f = layer.ffn
+    expected = layer.ffn_block.norm(enc_alpha * x + f(x))
+    assert torch.allclose(layer.ffn_block(x, f), expected)
+    # and the model is not post-LN with the same weights
+    post = small(wiring="post", num_encoder_layers=n, num_decoder_layers=m)
+    post.load_state_dict(model.state_dict())
+    src, tgt = ids(2, 5), ids(2, 4, seed=1)
+    assert not torch.allclose(model(src, tgt), post(src, tgt))
+
+
+def test_deepnorm_init_puts_beta_on_ffn_value_and_output_projections() -> None:
+    from lecture_pkg.layers import deepnet_constants
+
+    n, m, d = 8, 2, 128
+    torch.manual_seed(0)
+    model = Transformer(11, 11, d_model=d, num_heads=4, num_encoder_layers=n,
+                        num_decoder_layers=m, d_ff=256, wiring="deepnorm", dropout=0.0)
+    betas = {s: c[1] for s, c in deepnet_constants(n, m).items()}
+
+    def xavier_std(w: torch.Tensor, gain: float) -> float:
+        return gain * math.sqrt(2.0 / (w.shape[0] + w.shape[1]))
+
+    for stack, beta in betas.items():
+        for layer in getattr(model, f"{stack}_layers"):
+            attention = layer.self_attn
+            for name, gain in (("q_proj", 1.0), ("k_proj", 1.0), ("v_proj", beta),
+                               ("out_proj", beta)):
+                w = getattr(attention, name).weight
+                assert w.std().item() == pytest.approx(xavier_std(w, gain), rel=0.05), name
+            for w in (layer.ffn.linear1.weight, layer.ffn.linear2.weight):
+                assert w.std().item() == pytest.approx(xavier_std(w, beta), rel=0.05)
+    assert betas["encoder"] != pytest.approx(betas["decoder"], rel=0.05)
+
+
+# --------------------------------------------------------------------------------------------
+# Corpus BLEU against sacreBLEU
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_corpus_bleu_equals_sacrebleu(seed: int) -> None:
+    sacrebleu = pytest.importorskip("sacrebleu")
+    from lecture_pkg.transformer import corpus_bleu, ngram_matches
+
+    g = torch.Generator().manual_seed(seed)
+    refs = [torch.randint(0, 6, (int(torch.randint(3, 9, (1,), generator=g)),),
+                          generator=g).tolist() for _ in range(30)]
+    hyps = []
+    for ref in refs:  # corrupt each reference: some tokens replaced, some dropped
+        hyp = [t if torch.rand(1, generator=g) > 0.3 else 7 for t in ref]
+        hyps.append(hyp[: len(hyp) - int(torch.randint(0, 2, (1,), generator=g))])
+    text = [[" ".join(f"w{t}" for t in s) for s in corpus] for corpus in (hyps, refs)]
+    for smoothing, method in ((0.0, "none"), (1.0, "add-k")):
+        expected = sacrebleu.corpus_bleu(text[0], [text[1]], tokenize="none",
+                                         smooth_method=method, force=True)
+        assert corpus_bleu(hyps, refs, smoothing=smoothing) == pytest.approx(expected.score)
+    expected = sacrebleu.corpus_bleu(text[0], [text[1]], tokenize="none", force=True)
+    assert ngram_matches(hyps, refs) == (expected.counts, expected.totals)
+
+
+def test_corpus_bleu_is_zero_without_a_matching_4gram_and_100_on_references() -> None:
+    from lecture_pkg.transformer import corpus_bleu
+
+    refs = [[1, 2, 3, 4, 5], [6, 7, 8]]
+    assert corpus_bleu(refs, refs) == 100.0
+    no_4gram = [[1, 2, 3, 9, 5], [6, 7, 8]]
+    assert corpus_bleu(no_4gram, refs) == 0.0
+    assert corpus_bleu(no_4gram, refs, smoothing=1.0) > 0.0
+    with pytest.raises(ValueError, match="pair up"):
+        corpus_bleu(refs, refs[:1])
