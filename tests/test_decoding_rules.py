@@ -86,15 +86,28 @@ def test_beam_finds_the_sequence_greedy_misses(use_cache: bool) -> None:
 
 @pytest.mark.parametrize("use_cache", [False, True])
 def test_a_stop_token_ranked_below_num_beams_is_not_a_hypothesis(use_cache: bool) -> None:
-    """Step 1 ranks a (0.5), b (0.45), EOS (0.05): EOS is third, outside the 2 beams, so it is
-    not kept, although every longer sequence ends up less probable (0.5 * 0.04 = 0.02)."""
-    a, b = 2, 3
-    spread = {t: 0.04 for t in range(2, 27)}  # 25 words of 0.04 each
-    model = TableModel({(): {a: 0.5, b: 0.45, EOS: 0.05}}, vocab=27, default=spread)
-    out, score = run_beam(model, use_cache, num_beams=2, max_new_tokens=2, length_penalty=0.0,
-                          return_scores=True)
-    assert generated(out)[0][0] == a and len(generated(out)[0]) == 2
-    assert score.item() == pytest.approx(math.log(0.5 * 0.04))
+    """Step 2 ranks a EOS (0.275), a x (0.225), b EOS (0.208), b y (0.192). Only the first 2
+    ranks may finish, so b EOS is dropped and one finished hypothesis is not enough to stop
+    after step 3; a fourth step finishes a x z and b y w. (Keeping b EOS would have made two
+    finished hypotheses, both above the best open beam after step 3, and stopped a step early.)
+    The answer is a EOS either way: the rule decides how long the search runs."""
+    a, b, c, x, y, z, w = 2, 3, 4, 5, 6, 7, 8
+    model = TableModel({(): {a: 0.5, b: 0.4, c: 0.1}, (a,): {EOS: 0.55, x: 0.45},
+                        (b,): {EOS: 0.52, y: 0.48}, (a, x): {EOS: 0.1, z: 0.9},
+                        (b, y): {EOS: 0.1, w: 0.9}}, vocab=9)
+    calls = []
+
+    def step(new: Tensor, cache: History | None) -> Tensor:
+        calls.append(new.shape)
+        return model.step(new, cache)
+
+    start = torch.full((1, 1), 5, dtype=torch.long)
+    out, score = beam_search(step, start, num_beams=2, max_new_tokens=8, eos_token_id=EOS,
+                             length_penalty=0.0, new_cache=History, use_cache=use_cache,
+                             return_scores=True)
+    assert generated(out) == [[a, EOS]]
+    assert score.item() == pytest.approx(math.log(0.275))
+    assert len(calls) == 4
 
 
 @pytest.mark.parametrize("use_cache", [False, True])
@@ -109,6 +122,26 @@ def test_search_goes_on_while_an_open_beam_can_still_win(use_cache: bool) -> Non
                           return_scores=True)
     assert generated(out) == [[a, c, EOS]]
     assert score.item() == pytest.approx(math.log(0.42))
+
+
+def test_search_goes_on_while_an_open_beam_beats_the_kth_finished() -> None:
+    """After step 2 the finished hypotheses are EOS (0.5) and a EOS (0.18); the open beam b y
+    (0.19) is below the best of them but above the second (the k-th for 2 beams), so the search
+    takes a third step (comparing with the best finished one would stop after two)."""
+    a, b, x, y = 2, 3, 4, 5
+    calls = []
+    model = TableModel({(): {EOS: 0.5, a: 0.3, b: 0.2}, (a,): {EOS: 0.6, x: 0.4},
+                        (b,): {y: 0.95, EOS: 0.05}}, vocab=6)
+
+    def step(new: Tensor, cache: History | None) -> Tensor:
+        calls.append(new.shape)
+        return model.step(new, cache)
+
+    start = torch.full((1, 1), 5, dtype=torch.long)
+    out = beam_search(step, start, num_beams=2, max_new_tokens=6, eos_token_id=EOS,
+                      length_penalty=0.0, new_cache=History)
+    assert generated(out) == [[EOS]]
+    assert len(calls) == 3
 
 
 def test_search_stops_when_no_open_beam_can_win() -> None:
