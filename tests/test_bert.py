@@ -333,3 +333,14 @@ def test_encoder_layer_keeps_inner_dropout_when_asked() -> None:
     assert layer.ffn.dropout.p == 0.1
     assert EncoderLayer(16, 2, 24, dropout=0.1, ffn_dropout=0.0).ffn.dropout.p == 0.0
     assert 24 in _dropout_widths(layer, torch.randn(2, 5, 16))
+
+
+def test_padding_row_starts_at_zero_and_gets_no_gradient_as_in_hf() -> None:
+    torch.manual_seed(0)
+    hf = transformers.BertModel(hf_config(pad_token_id=2))
+    ours = BertModel.from_config(hf.config)
+    assert ours.token.padding_idx == hf.embeddings.word_embeddings.padding_idx == 2
+    assert ours.token.weight[2].abs().max() == 0
+    assert hf.embeddings.word_embeddings.weight[2].abs().max() == 0
+    ours(**inputs()).last_hidden_state.sum().backward()
+    assert ours.token.weight.grad[2].abs().max() == 0

@@ -54,6 +54,7 @@ class BertConfig:
     dropout: float = 0.1
     eps: float = 1e-12
     num_labels: int = 2  # only used by BertForSequenceClassification
+    pad_token_id: int | None = 0  # its embedding row starts at zero and gets no gradient
 
     @classmethod
     def from_hf(cls, hf_config: Any) -> BertConfig:
@@ -80,14 +81,18 @@ def _encoder_kwargs(hf_config: Any) -> dict[str, Any]:
             "type_vocab_size": hf_config.type_vocab_size,
             "activation": _HF_ACTIVATIONS[hf_config.hidden_act],
             "dropout": hf_config.hidden_dropout_prob, "eps": hf_config.layer_norm_eps,
-            "num_labels": hf_config.num_labels}
+            "num_labels": hf_config.num_labels, "pad_token_id": hf_config.pad_token_id}
 
 
 def init_bert_weights(module: nn.Module) -> None:
     """BERT's initialisation: N(0, 0.02) for every matrix and embedding, zero biases, LayerNorm
-    (1, 0). torch's default N(0, 1) embeddings would make the tied MLM logits ~sqrt(d) large."""
+    (1, 0), the padding token's embedding row zero (as HF). torch's default N(0, 1) embeddings
+    would make the tied MLM logits ~sqrt(d) large."""
     if isinstance(module, (nn.Linear, nn.Embedding)):
         nn.init.normal_(module.weight, std=0.02)
+    if isinstance(module, nn.Embedding) and module.padding_idx is not None:
+        with torch.no_grad():
+            module.weight[module.padding_idx].zero_()
     if isinstance(module, nn.Linear) and module.bias is not None:
         nn.init.zeros_(module.bias)
     if isinstance(module, nn.LayerNorm):
@@ -180,7 +185,8 @@ class BertModel(_BertInterop, nn.Module):
         factory = {"device": device, "dtype": dtype}
         self.config = config
         d = config.hidden_size
-        self.token = nn.Embedding(config.vocab_size, d, **factory)
+        self.token = nn.Embedding(config.vocab_size, d, padding_idx=config.pad_token_id,
+                                  **factory)
         self.position = nn.Embedding(config.max_positions, d, **factory)
         self.segment = nn.Embedding(config.type_vocab_size, d, **factory)
         self.embed_norm = nn.LayerNorm(d, eps=config.eps, **factory)

@@ -107,7 +107,8 @@ class ElectraModel(_ElectraInterop, nn.Module):
         factory = {"device": device, "dtype": dtype}
         self.config = config
         e, d = config.embedding_size, config.hidden_size
-        self.token = nn.Embedding(config.vocab_size, e, **factory)
+        self.token = nn.Embedding(config.vocab_size, e, padding_idx=config.pad_token_id,
+                                  **factory)
         self.position = nn.Embedding(config.max_positions, e, **factory)
         self.segment = nn.Embedding(config.type_vocab_size, e, **factory)
         self.embed_norm = nn.LayerNorm(e, eps=config.eps, **factory)
