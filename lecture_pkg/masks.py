@@ -381,8 +381,11 @@ def apply_span_corruption(tokens: Sequence[Token] | Tensor, spans: Sequence[tupl
     tokens: a sequence of n tokens (strings or ids; a 1-D tensor is read as its list of ids).
     spans: sorted, non-overlapping half-open ranges (start, end) of tokens to drop.
     In ``inputs`` each span is replaced by the next sentinel; ``targets`` lists each sentinel
-    followed by the tokens it replaced and ends with one more sentinel, so it needs
-    len(spans) + 1 sentinels.
+    followed by the tokens it replaced, and closes with one more sentinel only when the text ends
+    on kept tokens (so it needs len(spans) + 1 sentinels then, len(spans) otherwise). For a text
+    that starts with kept tokens, as every draw of :func:`random_spans` does, this is T5's rule
+    (``nonnoise_span_to_unique_sentinel``: one sentinel per run of kept tokens): T5's sampled
+    texts end on a span, so their targets end with that span, and ``</s>`` follows.
     """
     if isinstance(tokens, Tensor):
         if tokens.dim() != 1:
@@ -390,8 +393,10 @@ def apply_span_corruption(tokens: Sequence[Token] | Tensor, spans: Sequence[tupl
         tokens = tokens.tolist()
     tokens = list(tokens)
     spans = _check_spans(spans, len(tokens))
-    if len(sentinels) < len(spans) + 1:
-        raise ValueError(f"{len(spans)} spans need {len(spans) + 1} sentinels, got {len(sentinels)}")
+    ends_kept = (spans[-1][1] if spans else 0) < len(tokens)  # kept tokens after the last span
+    if len(sentinels) < len(spans) + ends_kept:
+        raise ValueError(f"{len(spans)} spans need {len(spans) + ends_kept} sentinels, "
+                         f"got {len(sentinels)}")
     inputs: list[Token] = []
     targets: list[Token] = []
     kept_from = 0
@@ -400,7 +405,8 @@ def apply_span_corruption(tokens: Sequence[Token] | Tensor, spans: Sequence[tupl
         targets += [sentinel] + tokens[start:end]
         kept_from = end
     inputs += tokens[kept_from:]
-    targets.append(sentinels[len(spans)])
+    if ends_kept:
+        targets.append(sentinels[len(spans)])
     return inputs, targets
 
 

@@ -279,7 +279,8 @@ def test_apply_span_corruption_round_trips(n: int, data: st.DataObject) -> None:
     tokens = list(range(1000, 1000 + n))
     inputs, targets = apply_span_corruption(tokens, spans)
     assert inputs.count(T5_SENTINELS[0]) == (1 if spans else 0)
-    assert len(inputs) + len(targets) == n + 2 * len(spans) + 1
+    ends_kept = (spans[-1][1] if spans else 0) < n  # only then a closing sentinel
+    assert len(inputs) + len(targets) == n + 2 * len(spans) + ends_kept
     assert merge_span_corruption(inputs, targets, T5_SENTINELS) == tokens
 
 
@@ -335,7 +336,8 @@ def test_span_corruption_density_and_mean_length_over_many_samples() -> None:
         inputs, targets = span_corruption(tokens, generator=g)
         assert merge_span_corruption(inputs, targets, T5_SENTINELS) == tokens
         n_spans = sum(tok in T5_SENTINELS for tok in inputs)
-        noise, spans, total = noise + len(targets) - n_spans - 1, spans + n_spans, total + len(tokens)
+        assert targets[-1] not in T5_SENTINELS  # T5's draws end on a span: no closing sentinel
+        noise, spans, total = noise + len(targets) - n_spans, spans + n_spans, total + len(tokens)
     assert abs(noise / total - 0.15) < 0.005 and abs(noise / spans - 3.0) < 0.15
 
 
@@ -469,3 +471,51 @@ def test_packing_errors_name_the_problem() -> None:
         packed_document_ids([3, 2], 4)
     with pytest.raises(ValueError, match="side must be"):
         padding_mask([1, 2], side="middle")
+
+
+# --- T5's targets: one sentinel per run of kept tokens (t5.data.preprocessors) ----------------
+
+def t5_targets_reference(tokens: list, noise: list[bool], sentinels) -> list:
+    """T5's ``nonnoise_span_to_unique_sentinel`` in plain Python: every run of kept tokens becomes
+    the next sentinel, noise tokens stay (written independently of lecture_pkg)."""
+    out, k = [], 0
+    for i, (token, is_noise) in enumerate(zip(tokens, noise)):
+        if is_noise:
+            out.append(token)
+        elif i == 0 or noise[i - 1]:
+            out.append(sentinels[k])
+            k += 1
+    return out
+
+
+def test_span_corruption_targets_paper_example_ends_on_kept_word() -> None:
+    # Raffel et al. (2020), figure 2: "last" is dropped and "week." is kept, so <Z> closes
+    tokens = "Thank you for inviting me to your party last week.".split()
+    inputs, targets = apply_span_corruption(tokens, [(2, 4), (8, 9)], ["<X>", "<Y>", "<Z>"])
+    assert " ".join(inputs) == "Thank you <X> me to your party <Y> week."
+    assert " ".join(targets) == "<X> for inviting <Y> last <Z>"
+    noise = [i in (2, 3, 8) for i in range(len(tokens))]
+    assert targets == t5_targets_reference(tokens, noise, ["<X>", "<Y>", "<Z>"])
+
+
+def test_span_corruption_targets_text_ending_on_a_span() -> None:
+    # drop "last week." instead: the text ends on a span, so the target ends with it (T5 then
+    # appends </s>) and only two sentinels are needed
+    tokens = "Thank you for inviting me to your party last week.".split()
+    inputs, targets = apply_span_corruption(tokens, [(2, 4), (8, 10)], ["<X>", "<Y>"])
+    assert " ".join(inputs) == "Thank you <X> me to your party <Y>"
+    assert " ".join(targets) == "<X> for inviting <Y> last week."
+    noise = [i in (2, 3, 8, 9) for i in range(len(tokens))]
+    assert targets == t5_targets_reference(tokens, noise, ["<X>", "<Y>"])
+    with pytest.raises(ValueError, match="2 spans need 3 sentinels"):
+        apply_span_corruption(tokens, [(2, 4), (8, 9)], ["<X>", "<Y>"])
+
+
+@given(n=st.integers(2, 60), seed=st.integers(0, 2**31 - 1))
+def test_span_corruption_targets_equal_t5_rule(n: int, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    spans = random_spans(n, 0.3, 2.0, generator=g)
+    tokens = list(range(100, 100 + n))
+    noise = [any(a <= i < b for a, b in spans) for i in range(n)]
+    _, targets = apply_span_corruption(tokens, spans)
+    assert targets == t5_targets_reference(tokens, noise, T5_SENTINELS)
