@@ -220,18 +220,25 @@ MUTANTS = [
 ]
 
 
-def pytest(dest: Path, tests: tuple[str, ...], timeout: int) -> tuple[bool, float, str]:
-    """(failed?, seconds, last line) of running ``tests`` in ``dest`` on the copied package."""
+def pytest(dest: Path, tests: tuple[str, ...], timeout: int, deselect: tuple[str, ...] = (),
+           first_failure: bool = True) -> tuple[bool, float, str]:
+    """(failed?, seconds, output) of running ``tests`` in ``dest`` on the copied package."""
     env = {**os.environ, "PYTHONPATH": str(dest), "OMP_NUM_THREADS": "1"}
+    options = ["-x"] if first_failure else ["-rf"]
+    options += [arg for node in deselect for arg in ("--deselect", node)]
     start = time.perf_counter()
     try:
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-                               "-p", "no:randomly", *tests], cwd=dest, env=env,
+        proc = subprocess.run([sys.executable, "-m", "pytest", *options, "-q", "-p",
+                               "no:cacheprovider", *tests], cwd=dest, env=env,
                               capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return True, time.perf_counter() - start, "timeout (counted as killed)"
-    lines = [line for line in proc.stdout.splitlines() if line.strip()]
-    return proc.returncode != 0, time.perf_counter() - start, lines[-1] if lines else ""
+    return proc.returncode != 0, time.perf_counter() - start, proc.stdout
+
+
+def last_line(output: str) -> str:
+    lines = [line for line in output.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
 
 
 def main() -> None:
@@ -246,7 +253,7 @@ def main() -> None:
         raise SystemExit("--dest must not be the repository itself")
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
-    for name in ("lecture_pkg", "tests"):
+    for name in ("lecture_pkg", "tests", "scripts"):
         shutil.copytree(ROOT / name, dest / name,
                         ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     for name in ("pyproject.toml",):
@@ -257,6 +264,16 @@ def main() -> None:
     assert check.stdout.strip().startswith(str(dest)), f"imports {check.stdout!r}, not the copy"
 
     mutants = [mu for mu in MUTANTS if not args.only or mu.id in args.only]
+    # Baseline: tests that already fail on the unmutated copy (another engineer's work in
+    # progress, a missing tool) would kill every mutant; they are deselected and reported.
+    files = sorted({t for mu in mutants for t in (*mu.new_tests, *mu.own_tests)})
+    failed, seconds, output = pytest(dest, tuple(files), args.timeout, first_failure=False)
+    broken = tuple(line.split()[1] for line in output.splitlines() if line.startswith("FAILED "))
+    print(f"baseline: {len(files)} test files in {seconds:.0f} s, {last_line(output)}")
+    for node in broken:
+        print(f"  deselected (fails without any mutant): {node}")
+    if failed and not broken:
+        raise SystemExit("the unmutated copy fails its tests:\n" + output[-3000:])
     results = []
     for mu in mutants:
         path = dest / mu.file
@@ -267,10 +284,11 @@ def main() -> None:
             continue
         path.write_text(original.replace(mu.old, mu.new))
         try:
-            killed, seconds, last = pytest(dest, mu.new_tests, args.timeout)
+            killed, seconds, last = pytest(dest, mu.new_tests, args.timeout, broken)
             verdict = "new" if killed else ""
             if args.own or not killed:
-                own_killed, own_seconds, own_last = pytest(dest, mu.own_tests, args.timeout)
+                own_killed, own_seconds, own_last = pytest(dest, mu.own_tests, args.timeout,
+                                                           broken)
                 seconds += own_seconds
                 verdict = (verdict + "+own" if verdict else "own") if own_killed else verdict
                 last = last if killed else own_last
@@ -278,7 +296,8 @@ def main() -> None:
         finally:
             path.write_text(original)
         results.append((mu, verdict))
-        print(f"{verdict:8s} {mu.id:42s} [{mu.kind}] {seconds:5.1f} s  {last[-70:]}", flush=True)
+        print(f"{verdict:8s} {mu.id:42s} [{mu.kind}] {seconds:5.1f} s  {last_line(last)[-60:]}",
+              flush=True)
 
     ran = [(mu, v) for mu, v in results if v != "skipped"]
     killed = [mu for mu, v in ran if v != "SURVIVED"]

@@ -222,7 +222,7 @@ def reference_beam(log_probs, beams: int, max_new: int, alpha: float
 
 
 def random_markov(seed: int, vocab: int = 6) -> Tensor:
-    """(3 positions mod 3, vocab) x vocab next-token log-probs; EOS fairly likely."""
+    """(3 prefix classes, vocab) x vocab next-token log-probs; EOS fairly likely."""
     g = torch.Generator().manual_seed(seed)
     logits = 2.0 * torch.randn(3, vocab, vocab, generator=g, dtype=torch.float64)
     logits[..., PAD] = -30.0
@@ -237,8 +237,8 @@ def test_batched_beam_search_equals_the_reference(seed: int, use_cache: bool) ->
     table = random_markov(seed, vocab)
     prompts = torch.tensor([[2, 3], [4, 2], [5, 5]])
 
-    def lookup(full: list[int]) -> list[float]:
-        return table[len(full) % 3, full[-1]].tolist()
+    def lookup(full: list[int]) -> list[float]:  # depends on the whole prefix
+        return table[sum(full) % 3, full[-1]].tolist()
 
     def step(new: Tensor, cache: History | None) -> Tensor:
         if cache is not None:
@@ -267,7 +267,7 @@ def test_random_tables_exercise_the_rules() -> None:
         for prompt in ([2, 3], [4, 2], [5, 5]):
             def lookup(toks: list[int]) -> list[float]:
                 full = prompt + toks
-                return table[len(full) % 3, full[-1]].tolist()
+                return table[sum(full) % 3, full[-1]].tolist()
 
             greedy: list[int] = []
             while len(greedy) < 5 and (not greedy or greedy[-1] != EOS):
@@ -282,6 +282,8 @@ def test_random_tables_exercise_the_rules() -> None:
 # --------------------------------------------------------------------------------------------
 
 def test_gpt_beam_search_on_a_padded_batch_equals_one_prompt_at_a_time() -> None:
+    """3 prompts, 2 beams: a mask tiled (m0 m1 m2 m0 m1 m2) instead of interleaved (m0 m0 m1 m1
+    m2 m2) would give even the best beam of the second prompt the third prompt's padding."""
     from lecture_pkg.models.gpt import GPT, GPTConfig
 
     torch.manual_seed(0)
@@ -289,18 +291,19 @@ def test_gpt_beam_search_on_a_padded_batch_equals_one_prompt_at_a_time() -> None
                           dropout=0.0, embd_dropout=0.0), dtype=torch.float64).eval()
     with torch.no_grad():
         for p in model.parameters():
-            p.mul_(20)  # sharp, prompt-dependent distributions
-    prompts = [[5, 9, 3, 7], [11, 4]]
+            p.mul_(5)  # sharp, prompt-dependent distributions
+    prompts = [[5, 9, 3, 7], [11, 4], [8, 30, 8]]
     t = max(map(len, prompts))
     ids = torch.tensor([[PAD] * (t - len(p)) + p for p in prompts])  # left padding
     mask = torch.tensor([[0] * (t - len(p)) + [1] * len(p) for p in prompts])
-    batch = model.generate(ids, mask, num_beams=3, max_new_tokens=4)
+    batch = model.generate(ids, mask, num_beams=2, max_new_tokens=4)
     for b, prompt in enumerate(prompts):
-        alone = model.generate(torch.tensor([prompt]), num_beams=3, max_new_tokens=4)
+        alone = model.generate(torch.tensor([prompt]), num_beams=2, max_new_tokens=4)
         assert batch[b, t:].tolist() == alone[0, len(prompt):].tolist(), b
 
 
 def test_transformer_beam_search_on_a_padded_batch_equals_one_source_at_a_time() -> None:
+    """As above for the encoder output and the source mask repeated over beam rows."""
     from lecture_pkg.transformer import Transformer
 
     torch.manual_seed(0)
@@ -310,10 +313,10 @@ def test_transformer_beam_search_on_a_padded_batch_equals_one_source_at_a_time()
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(4)
-    sources = [[5, 9, 3, 7], [11, 4]]
+    sources = [[5, 9, 3, 7], [11, 4], [8, 29, 8]]
     t = max(map(len, sources))
     src = torch.tensor([s + [PAD] * (t - len(s)) for s in sources])
-    options = {"bos_token_id": 2, "eos_token_id": EOS, "num_beams": 3, "max_new_tokens": 4}
+    options = {"bos_token_id": 2, "eos_token_id": EOS, "num_beams": 2, "max_new_tokens": 4}
     with torch.no_grad():
         batch = model.generate(src, **options)
         for b, source in enumerate(sources):
