@@ -183,11 +183,26 @@ def inject_lora(model: nn.Module, target_modules: tuple[str, ...], r: int, alpha
     return names
 
 
-def merge_lora(model: nn.Module, dtype: torch.dtype = torch.float32) -> list[str]:
-    """Replace every :class:`LoRALinear` by its merged ``nn.Linear`` (peft's merge_and_unload)."""
+def merge_lora(model: nn.Module, dtype: torch.dtype = torch.float32,
+               requantize: bool = False) -> list[str]:
+    """Replace every :class:`LoRALinear` by a plain layer holding W + s B A, in place; returns
+    the names replaced.
+
+    Float bases become an ``nn.Linear`` in ``dtype`` (peft's ``merge_and_unload``). A 4-bit base
+    becomes an ``nn.Linear`` holding dequant(W) + s B A in ``dtype`` (the outputs are kept, the
+    4-bit saving is not), or with ``requantize=True`` a new :class:`Linear4bit` holding that sum
+    quantised again, which is what peft does for bitsandbytes' 4-bit layers: the size is kept,
+    at the price of a second rounding.
+    """
     names = [name for name, module in model.named_modules() if isinstance(module, LoRALinear)]
     for name in names:
-        _replace(model, name, model.get_submodule(name).merged_linear(dtype))
+        lora = model.get_submodule(name)
+        if requantize and isinstance(lora.base, Linear4bit):
+            merged = Linear4bit.from_linear(lora.merged_linear(torch.float32),
+                                            lora.base.blocksize, lora.base.compute_dtype)
+        else:
+            merged = lora.merged_linear(dtype)
+        _replace(model, name, merged)
     return names
 
 

@@ -13,6 +13,12 @@ Peak memory is what an implementation allocates on top of what existed before th
   allocator and returned on free, so the high-water mark rises by what the call holds at its
   peak; freed small blocks that the allocator keeps can hide a few MB, which is why free heap
   memory is trimmed first. Numbers are accurate to a few MB, i.e. for tensors well above that.
+
+Two exact counts complement it on any device. :func:`tensor_peak_memory` follows every tensor
+storage that an operator creates during a call (a ``TorchDispatchMode`` sees every operator,
+backward and optimizer steps included) and reports the most bytes alive at once: what an
+allocator without fragmentation or caching would need. :func:`saved_tensor_bytes` counts what
+autograd keeps for the backward pass (the activations), through ``saved_tensors_hooks``.
 """
 
 from __future__ import annotations
@@ -23,13 +29,18 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Literal, TypeVar
+from typing import Literal, TypeVar
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
-__all__ = ["Scaling", "peak_memory", "scaling", "wall_time"]
+__all__ = ["Scaling", "peak_memory", "saved_tensor_bytes", "scaling", "tensor_peak_memory",
+           "wall_time"]
 
 T = TypeVar("T")
 
@@ -99,6 +110,68 @@ def peak_memory(fn: Callable[[], T], device: torch.device | str = "cpu") -> tupl
     before = _resident_kib("VmRSS")
     result = fn()
     return result, (_resident_kib("VmHWM") - before) * 1024
+
+
+class _LiveStorages(TorchDispatchMode):
+    """Bytes of the storages that operators create while the mode is active, alive at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: dict[int, tuple[StorageWeakRef, int]] = {}
+        self.current = self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        out = func(*args, **(kwargs or {}))
+        for key in [k for k, (ref, _) in self.live.items() if ref.expired()]:
+            self.current -= self.live.pop(key)[1]
+        inputs = {StorageWeakRef(t.untyped_storage()).cdata
+                  for t in tree_leaves((args, kwargs)) if _is_real(t)}
+        for t in tree_leaves(out):
+            if not _is_real(t):
+                continue
+            storage = t.untyped_storage()
+            ref = StorageWeakRef(storage)
+            if ref.cdata not in inputs and ref.cdata not in self.live:  # new, not a view
+                self.live[ref.cdata] = (ref, storage.nbytes())
+                self.current += storage.nbytes()
+        self.peak = max(self.peak, self.current)
+        return out
+
+
+def _is_real(t: object) -> bool:
+    return isinstance(t, torch.Tensor) and t.device.type != "meta" and t.layout == torch.strided
+
+
+def tensor_peak_memory(fn: Callable[[], T]) -> tuple[T, int]:
+    """Run ``fn()`` once and return (its result, the most bytes of tensors created during the
+    call that were alive at the same time). Every operator is seen, including the backward pass
+    and optimizer steps; in-place results and views of existing tensors add nothing. The count
+    is exact and the same on every device and run: an allocator's peak is this plus its
+    rounding and cache (``torch.cuda.max_memory_allocated``) or page granularity (RSS)."""
+    with _LiveStorages() as tracker:
+        result = fn()
+    return result, tracker.peak
+
+
+def saved_tensor_bytes(fn: Callable[[], T], exclude: Iterable[torch.Tensor] = ()
+                       ) -> tuple[T, int]:
+    """Run ``fn()`` (typically a forward pass) and return (its result, the bytes of the distinct
+    tensor storages autograd saved for the backward pass), leaving out the storages of
+    ``exclude`` (e.g. the model's parameters and buffers, which exist anyway)."""
+    skip = {StorageWeakRef(t.untyped_storage()).cdata for t in exclude}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if _is_real(t):
+            storage = t.untyped_storage()
+            key = StorageWeakRef(storage).cdata
+            if key not in skip:
+                saved[key] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        result = fn()
+    return result, sum(saved.values())
 
 
 @dataclass

@@ -13,8 +13,14 @@ from hypothesis import strategies as st
 from torch import nn
 
 from lecture_pkg.lora import (
-    Adapter, LoRALinear, SoftPrompt, add_adapters, count_parameters, inject_lora,
-    mark_only_trainable, merge_lora,
+    Adapter,
+    LoRALinear,
+    SoftPrompt,
+    add_adapters,
+    count_parameters,
+    inject_lora,
+    mark_only_trainable,
+    merge_lora,
 )
 from lecture_pkg.quant import Linear4bit
 
@@ -153,6 +159,15 @@ def test_qlora_trains_and_merges_into_dequantised_weights() -> None:
                           atol=1e-7)
     with pytest.raises(TypeError, match="use merged_linear"):
         layer.merge()
+    holder = nn.Sequential()
+    holder.add_module("proj", layer)
+    requantized = copy.deepcopy(holder)
+    assert merge_lora(holder) == ["proj"] and type(holder.proj) is nn.Linear
+    merge_lora(requantized, requantize=True)
+    again = Linear4bit.from_linear(merged)
+    assert isinstance(requantized.proj, Linear4bit)
+    assert torch.equal(requantized.proj.packed, again.packed)  # NF4 of dequant(W) + s B A
+    assert torch.equal(requantized.proj.dequantized_weight(), again.dequantized_weight())
 
 
 def test_qlora_matches_peft_on_bitsandbytes_linear4bit() -> None:

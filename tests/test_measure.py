@@ -7,7 +7,14 @@ import time
 import pytest
 import torch
 
-from lecture_pkg.measure import Scaling, peak_memory, scaling, wall_time
+from lecture_pkg.measure import (
+    Scaling,
+    peak_memory,
+    saved_tensor_bytes,
+    scaling,
+    tensor_peak_memory,
+    wall_time,
+)
 
 
 def test_peak_memory_sees_a_known_allocation() -> None:
@@ -82,3 +89,57 @@ def test_scaling_rejects_bad_sizes() -> None:
         scaling({"f": lambda n: n}, lambda n: n, [])
     with pytest.raises(ValueError, match="empty"):
         scaling({}, lambda n: n, [1, 2])
+
+
+def test_tensor_peak_memory_counts_live_tensors_not_views() -> None:
+    def allocate() -> torch.Tensor:
+        a = torch.ones(2**20)  # 4 MiB
+        b = a * 2  # 8 MiB alive
+        del a
+        c = torch.ones(2**21)  # 4 + 8 = 12 MiB alive: the peak
+        c.add_(1)  # in place: nothing new
+        view = c[:10]  # a view: nothing new
+        return b[:1] + view[:1]
+
+    result, peak = tensor_peak_memory(allocate)
+    assert result.tolist() == [4.0]
+    assert 12 * 2**20 <= peak < 12 * 2**20 + 1024  # + the few bytes of the small results
+
+
+def test_tensor_peak_memory_equals_the_profilers_allocator_peak() -> None:
+    # the independent reference: the CPU allocator's own events, recorded by torch.profiler
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 64))
+    optimizer = torch.optim.AdamW(model.parameters())
+    x = torch.randn(128, 64)
+
+    def step() -> None:
+        model(x).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()  # the optimizer state exists from now on
+    _, peak = tensor_peak_memory(step)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                profile_memory=True) as prof:
+        step()
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    current = reference = 0
+    for event in events:
+        current += event.nbytes()
+        reference = max(reference, current)
+    assert peak == reference
+
+
+def test_saved_tensor_bytes_sees_what_backward_needs() -> None:
+    linear = torch.nn.Linear(256, 128)
+    x = torch.randn(64, 256)
+    # linear saves its input (64 x 256), relu its output (64 x 128); parameters excluded
+    _, saved = saved_tensor_bytes(lambda: linear(x).relu().sum(),
+                                  exclude=list(linear.parameters()))
+    assert saved == 4 * (64 * 256 + 64 * 128)
+    linear.requires_grad_(False)
+    _, frozen = saved_tensor_bytes(lambda: linear(x).relu().sum())
+    assert frozen == 0  # nothing requires a gradient: nothing is saved

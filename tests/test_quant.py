@@ -11,10 +11,28 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lecture_pkg.quant import (
-    DoubleQuantized, Linear4bit, NF4Tensor, absmax_dequantize, absmax_quantize, bits_per_parameter,
-    blockwise_absmax_dequantize, blockwise_absmax_quantize, dequantize_4bit, dequantize_nf4,
-    double_quantize, dynamic_codes, fp4_codes, int4_codes, int8_matmul, nf4_codes, quantize_4bit,
-    quantize_blockwise, quantize_linears, quantize_nf4, vectorwise_quantize, zeropoint_dequantize,
+    DoubleQuantized,
+    Linear4bit,
+    NF4Tensor,
+    absmax_dequantize,
+    absmax_quantize,
+    bits_per_parameter,
+    blockwise_absmax_dequantize,
+    blockwise_absmax_quantize,
+    dequantize_4bit,
+    dequantize_nf4,
+    double_quantize,
+    dynamic_codes,
+    fp4_codes,
+    int4_codes,
+    int8_matmul,
+    nf4_codes,
+    quantize_4bit,
+    quantize_blockwise,
+    quantize_linears,
+    quantize_nf4,
+    vectorwise_quantize,
+    zeropoint_dequantize,
     zeropoint_quantize,
 )
 
