@@ -1,65 +1,109 @@
-"""Train a small GPT on Python's documentation, on one process or on several with DDP.
+"""Train a character-level GPT on Shakespeare (the book's reference GPT), on one process or on
+several with DDP.
 
-One process (CPU or one GPU)::
+The book's checkpoint (``lecture_pkg/checkpoints/shakespeare_gpt.*``), on 2 CPU threads::
 
-    python scripts/train_gpt.py --steps 300
+    OMP_NUM_THREADS=2 python scripts/train_gpt.py --n-layer 6 --n-embd 192 --n-head 6 \\
+        --block-size 256 --batch-size 32 --steps 2000 --lr 2e-3 --warmup 100 \\
+        --export lecture_pkg/checkpoints
 
 Several processes on one machine (gloo on CPUs, nccl with one GPU per process)::
 
     torchrun --standalone --nproc_per_node=4 scripts/train_gpt.py --steps 300
 
-Several machines (run on each, node_rank 0..nnodes-1, same rendezvous address)::
-
-    torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 \\
-        --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 scripts/train_gpt.py --steps 300
-
 ``--batch-size`` is the global batch: every rank trains on its own ``batch_size / world_size``
 rows of the same global batch, and DDP averages the gradients, so the parameters follow the
 single-process run on the same global batch (tests/test_gpt.py checks this on 2 CPU processes).
+
+The vocabulary is every character of the 42 works plus the special tokens of
+:data:`lecture_pkg.pretrained.SPECIAL_TOKENS`. Training reads the 34 training works; the
+validation works give the curve, the test works the recorded figures. ``--export DIR`` writes
+``shakespeare_gpt.safetensors`` (float16) and ``shakespeare_gpt.json`` at every evaluation, so
+the latest export is always usable.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
+import json
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from lecture_pkg.bpe import ByteLevelBPE
-from lecture_pkg.data import pydoc_topics
+from lecture_pkg.data import shakespeare
 from lecture_pkg.models.gpt import GPT, GPTConfig, lm_batches, next_token_loss
+from lecture_pkg.pretrained import CHECKPOINT, CharTokenizer, eval_starts, nats_per_char
 from lecture_pkg.training import adamw, distributed_setup, train, warmup_cosine, wrap_ddp
+
+EVAL_WINDOWS = 64  # validation windows per evaluation during training
+TEST_WINDOWS = 256  # the recorded held-out figure
+CHECK_WINDOWS = 16  # the small slice a unit test re-evaluates
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--max-chars", type=int, default=None, help="use a prefix of the corpus")
-    parser.add_argument("--vocab-size", type=int, default=1024)
+    parser.add_argument("--max-chars", type=int, default=None,
+                        help="use a prefix of the training text")
     parser.add_argument("--n-layer", type=int, default=4)
     parser.add_argument("--n-head", type=int, default=4)
     parser.add_argument("--n-embd", type=int, default=128)
     parser.add_argument("--block-size", type=int, default=128)
-    parser.add_argument("--batch-size", type=int, default=32, help="global, over all ranks")
+    parser.add_argument("--batch-size", type=int, default=16, help="global, over all ranks")
     parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--dropout", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eval-every", type=int, default=None,
+                        help="default: steps // 5")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast")
     parser.add_argument("--checkpoint", default=None, help="a .safetensors path; resumes from it")
     parser.add_argument("--save", default=None, help="write the final weights here (rank 0)")
+    parser.add_argument("--export", default=None,
+                        help="a folder for the packaged float16 checkpoint and its JSON")
     return parser.parse_args(argv)
+
+
+def export(model: GPT, tokenizer: CharTokenizer, folder: Path, figures: dict,
+           history: dict) -> float:
+    """Write the float16 weights and the JSON; returns the test figure of the float16 model."""
+    from safetensors.torch import save_file
+
+    state = {k: v.detach().cpu().half().contiguous() for k, v in model.state_dict().items()
+             if k != "lm_head.weight"}  # tied to wte.weight
+    folder.mkdir(parents=True, exist_ok=True)
+    reloaded = GPT(model.config)
+    full = {k: v.float() for k, v in state.items()}
+    reloaded.load_state_dict({**full, "lm_head.weight": full["wte.weight"]})
+    reloaded.eval()
+    test = torch.tensor(tokenizer.encode(shakespeare("test")))
+    block = model.config.n_positions
+    for name, windows in (("test", TEST_WINDOWS), ("check", CHECK_WINDOWS)):
+        starts = eval_starts(len(test), windows, block)
+        figures[f"{name}_slice"] = {"split": "test", "windows": windows, "length": block,
+                                    "nats_per_char": nats_per_char(reloaded, test, starts,
+                                                                   block)}
+    info = {"config": asdict(model.config), "chars": tokenizer.chars,
+            "special_tokens": list(tokenizer.special_tokens), "figures": figures,
+            "history": history}
+    save_file(state, str(folder / f"{CHECKPOINT}.safetensors"))
+    (folder / f"{CHECKPOINT}.json").write_text(json.dumps(info, indent=1) + "\n")
+    return figures["test_slice"]["nats_per_char"]
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     rank, world_size, device = distributed_setup()
-    text = pydoc_topics()[:args.max_chars]
-    tokenizer = ByteLevelBPE().train(text, args.vocab_size)  # deterministic: same on every rank
-    ids = torch.tensor(tokenizer.encode(text))
-    split = int(0.9 * len(ids))
-    train_ids, val_ids = ids[:split], ids[split:]
+    tokenizer = CharTokenizer.from_text("".join(shakespeare(s)
+                                                for s in ("train", "validation", "test")))
+    train_ids = torch.tensor(tokenizer.encode(shakespeare("train")[:args.max_chars]))
+    val_ids = torch.tensor(tokenizer.encode(shakespeare("validation")))
+    val_starts = eval_starts(len(val_ids), EVAL_WINDOWS, args.block_size)
 
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     config = GPTConfig(vocab_size=tokenizer.vocab_size, n_positions=args.block_size,
@@ -69,24 +113,40 @@ def main(argv: list[str] | None = None) -> None:
     ddp_model = wrap_ddp(model, device)
     batches = lm_batches(train_ids, args.batch_size, args.block_size, args.seed, rank,
                          world_size)
-    val_batch = lm_batches(val_ids, 64, args.block_size, seed=args.seed + 1)(0).to(device)
+    began = time.perf_counter()
+    command = "python scripts/train_gpt.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=Path(__file__).parent).stdout.strip()
+    curve: dict[str, list] = {"steps": [], "val_nats_per_char": []}
 
     def loss_fn(m: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
         batch = batch.to(device)
         return next_token_loss(m(batch).logits, batch)
 
     def evaluate(m: torch.nn.Module) -> dict[str, float]:
-        loss = next_token_loss(model(val_batch).logits, val_batch).item()
-        return {"val loss": loss, "val perplexity": math.exp(loss)}
+        loss = nats_per_char(model, val_ids, val_starts, args.block_size)
+        if args.export and rank == 0:
+            curve["steps"].append(min((len(curve["steps"]) + 1) * eval_every, args.steps))
+            curve["val_nats_per_char"].append(loss)
+            figures = {"steps": curve["steps"][-1], "params": sum(
+                p.numel() for p in model.parameters()), "threads": torch.get_num_threads(),
+                "train_seconds": round(time.perf_counter() - began, 1), "command": command,
+                "commit": commit, "val_nats_per_char": loss}
+            test = export(model, tokenizer, Path(args.export), figures, curve)
+            print(f"step {curve['steps'][-1]}: val {loss:.4f}, test {test:.4f} nats/char, "
+                  f"{figures['train_seconds']} s", flush=True)
+        return {"val nats/char": loss}
 
+    eval_every = args.eval_every or max(1, args.steps // 5)
     optimizer = adamw(model, args.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer,
                                                   warmup_cosine(args.warmup, args.steps))
     history = train(ddp_model, batches, loss_fn, steps=args.steps, optimizer=optimizer,
                     scheduler=scheduler, clip_grad_norm=1.0,
                     autocast_dtype=torch.bfloat16 if args.bf16 else None, eval_fn=evaluate,
-                    eval_every=max(1, args.steps // 5), log_every=max(1, args.steps // 20),
-                    checkpoint=args.checkpoint, resume=args.checkpoint is not None)
+                    eval_every=eval_every, log_every=max(1, args.steps // 20),
+                    checkpoint=args.checkpoint, resume=args.checkpoint is not None,
+                    progress=rank == 0 and args.export is None)
     if rank == 0:
         print(f"{world_size} process(es) on {device}: final train loss "
               f"{history.losses[-1]:.4f}, {history.evals[-1]}")

@@ -28,14 +28,14 @@ ROOT = Path(__file__).resolve().parents[1]
 VOCAB, PAD = 97, 1
 
 
-def hf_config(**overrides: object) -> "transformers.GPT2Config":
+def hf_config(**overrides: object) -> transformers.GPT2Config:
     sizes = {"vocab_size": VOCAB, "n_positions": 48, "n_embd": 32, "n_layer": 3, "n_head": 4,
              "bos_token_id": 0, "eos_token_id": 2, "pad_token_id": PAD}
     return transformers.GPT2Config(**{**sizes, **overrides})
 
 
 @pytest.fixture(scope="module")
-def pair() -> tuple["transformers.GPT2LMHeadModel", GPT]:
+def pair() -> tuple[transformers.GPT2LMHeadModel, GPT]:
     torch.manual_seed(0)
     hf = transformers.GPT2LMHeadModel(hf_config()).eval()
     return hf, GPT.from_hf(hf).eval()
@@ -312,7 +312,7 @@ def test_ddp_two_processes_equal_one_process_on_the_global_batch(tmp_path: Path)
     """torchrun runs scripts/train_gpt.py on 2 CPU processes (gloo), each on half of every
     global batch; the single-process run sees the whole batch. DDP averages the gradients, so
     the parameters agree up to float32 summation order."""
-    args = ["--max-chars", "20000", "--vocab-size", "300", "--n-layer", "1", "--n-embd", "32",
+    args = ["--max-chars", "20000", "--n-layer", "1", "--n-embd", "32",
             "--n-head", "2", "--block-size", "16", "--batch-size", "4", "--steps", "3",
             "--warmup", "1", "--lr", "3e-3"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}

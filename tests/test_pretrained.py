@@ -1,0 +1,52 @@
+"""The shipped Shakespeare GPT: its API, its tokenizer, and its held-out loss on a small fixed
+slice of the test works equal to the figure recorded when it was exported."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lecture_pkg.data import shakespeare, shakespeare_works
+from lecture_pkg.models.gpt import GPT
+from lecture_pkg.pretrained import (
+    SPECIAL_TOKENS,
+    CharTokenizer,
+    eval_starts,
+    load_shakespeare_gpt,
+    nats_per_char,
+    shakespeare_gpt_info,
+)
+
+
+def test_tokenizer_vocabulary_round_trip_and_special_tokens() -> None:
+    _, tokenizer = load_shakespeare_gpt()
+    chars = sorted(set("".join(shakespeare_works().values())))
+    assert tokenizer.itos == chars + list(SPECIAL_TOKENS)
+    assert tokenizer.vocab_size == len(chars) + 5
+    assert tokenizer.special_tokens == {s: len(chars) + i for i, s in enumerate(SPECIAL_TOKENS)}
+    assert (tokenizer.eos_id, tokenizer.pad_id) == (len(chars), len(chars) + 4)
+    text = "<|user|>Who's there?<|end|><|assistant|>Nay, answer me.<|end|><|endoftext|>"
+    ids = tokenizer.encode(text)
+    assert ids[0] == tokenizer.special_tokens["<|user|>"]
+    assert ids[1:4] == [tokenizer.stoi[c] for c in "Who"]
+    assert len(ids) == len(text) - sum(text.count(s) * (len(s) - 1) for s in SPECIAL_TOKENS)
+    assert tokenizer.decode(ids) == text
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        tokenizer.encode("naïve \u2603")
+    with pytest.raises(ValueError, match="ids must be in"):
+        tokenizer.decode([tokenizer.vocab_size])
+    assert CharTokenizer.from_text("ba").encode("ab<|pad|>") == [0, 1, 6]
+
+
+def test_checkpoint_loads_in_eval_mode_and_reproduces_its_recorded_loss() -> None:
+    model, tokenizer = load_shakespeare_gpt()
+    info = shakespeare_gpt_info()
+    assert isinstance(model, GPT) and not model.training
+    assert model.config.vocab_size == tokenizer.vocab_size
+    assert model.lm_head.weight is model.wte.weight
+    check = info["figures"]["check_slice"]
+    test = torch.tensor(tokenizer.encode(shakespeare(check["split"])))
+    starts = eval_starts(len(test), check["windows"], check["length"])
+    loss = nats_per_char(model, test, starts, check["length"])
+    assert loss == pytest.approx(check["nats_per_char"], abs=2e-5)
+    assert info["figures"]["test_slice"]["length"] <= model.config.n_positions
