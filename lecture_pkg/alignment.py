@@ -1,0 +1,307 @@
+"""From language model to assistant: the losses of post-training, as small functions.
+
+* **Chat template and loss masking** (instruction tuning, SFT): a conversation becomes one token
+  sequence ``<|user|> prompt <|end|> <|assistant|> response <|end|>``; a boolean
+  ``completion_mask`` marks the tokens the model is trained to produce (the response and its
+  closing ``<|end|>``), so the prompt is context, never a target. :func:`pack` lays many short
+  examples end to end in fixed-length rows, and :func:`completion_loss` is the mean next-token
+  cross-entropy over the marked tokens only (what trl's ``SFTTrainer`` computes with
+  ``completion_only_loss``).
+* **Reward model** (Bradley-Terry): P(chosen preferred to rejected) = sigmoid(r_c - r_r), so the
+  loss is ``-log sigmoid(r_c - r_r)`` (:func:`bradley_terry_loss`); the reward itself is a scalar
+  head on the last real token (``GPTForSequenceClassification(gpt, num_labels=1)``).
+* **RLHF**: PPO's clipped surrogate (:func:`ppo_clip_loss`), a per-token estimate of the KL
+  divergence to the reference model (:func:`kl_penalty`), GRPO's group-normalised advantages
+  (:func:`group_advantages`) and the GRPO objective that combines the three (:func:`grpo_loss`).
+* **DPO**: :func:`dpo_loss`, the logistic loss on beta times the difference of the policy's and
+  the reference's log-ratio of chosen over rejected responses; its implicit reward is
+  ``beta * (log pi(y|x) - log pi_ref(y|x))``.
+
+* **A small instruction set with checkable answers** (:func:`make_instructions`): tasks over
+  Shakespeare's words and lines (upper-case a word, reverse it, count the words of a line),
+  built offline from any text, so held-out instructions come from held-out plays.
+
+Shapes: token ids (batch, t); per-token log-probabilities and masks (batch, t - 1), aligned with
+the targets ``input_ids[:, 1:]`` (position i scores token i + 1); sequence log-probabilities,
+rewards and advantages (batch,). Masks are bool, True = the token counts.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Collection, Sequence
+from typing import NamedTuple, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from lecture_pkg.checks import check_bool_mask, check_float_tensor, check_int
+from lecture_pkg.models.gpt import next_token_loss
+
+__all__ = ["CHAT_TOKENS", "INSTRUCTION_TASKS", "Instruction", "bradley_terry_loss",
+           "completion_loss", "dpo_loss", "encode_chat", "group_advantages", "grpo_loss",
+           "kl_penalty", "make_instructions", "pack", "ppo_clip_loss", "sequence_logprobs",
+           "token_logprobs"]
+
+CHAT_TOKENS = ("<|user|>", "<|assistant|>", "<|end|>")
+INSTRUCTION_TASKS = ("upper", "reverse", "count")
+
+
+class Instruction(NamedTuple):
+    """One instruction: its task, the prompt the user writes and the one correct answer."""
+
+    task: str
+    prompt: str
+    answer: str
+
+
+def make_instructions(text: str, n: int, seed: int = 0,
+                      tasks: Sequence[str] = INSTRUCTION_TASKS,
+                      exclude_words: Collection[str] = ()) -> list[Instruction]:
+    """``n`` instructions drawn from ``text``, the tasks in turn:
+
+    - ``"upper: night"`` -> ``"NIGHT"`` and ``"reverse: night"`` -> ``"thgin"``, on lower-case
+      words of 3 to 7 letters (``exclude_words`` left out, e.g. the training words);
+    - ``"count: Which is a wonder"`` -> ``"4"``, on lines of 1 to 9 words and at most 40
+      characters.
+
+    Deterministic given ``seed``.
+    """
+    check_int("n", n, minimum=1)
+    unknown = [t for t in tasks if t not in INSTRUCTION_TASKS]
+    if unknown or not tasks:
+        raise ValueError(f"tasks must be a non-empty subset of {INSTRUCTION_TASKS}, got {tasks}")
+    excluded = set(exclude_words)
+    words = sorted({w for w in re.findall(r"\b[a-z]+\b", text)
+                    if 3 <= len(w) <= 7 and w not in excluded})
+    lines = sorted({line.strip() for line in text.split("\n")
+                    if 0 < len(line.strip()) <= 40 and len(line.split()) <= 9})
+    if not words or not lines:
+        raise ValueError("text must hold lower-case words of 3 to 7 letters and short lines")
+    rng = random.Random(seed)
+    examples = []
+    for i in range(n):
+        task = tasks[i % len(tasks)]
+        if task == "count":
+            line = rng.choice(lines)
+            examples.append(Instruction(task, f"count: {line}", str(len(line.split()))))
+        else:
+            word = rng.choice(words)
+            answer = word.upper() if task == "upper" else word[::-1]
+            examples.append(Instruction(task, f"{task}: {word}", answer))
+    return examples
+
+
+class ChatTokenizer(Protocol):
+    """What the chat template needs: ``encode`` for text and ids of the special tokens."""
+
+    special_tokens: dict[str, int]
+
+    def encode(self, text: str) -> list[int]: ...
+
+
+def encode_chat(tokenizer: ChatTokenizer, prompt: str,
+                response: str | None = None) -> tuple[list[int], list[bool]]:
+    """One turn in the chat template: ``<|user|> prompt <|end|> <|assistant|> response <|end|>``.
+
+    Returns (ids, completion_mask), two lists of one length: the mask is True on the response
+    and its closing ``<|end|>`` (what the model learns to write) and False on the prompt and the
+    role tokens. Without ``response`` the ids end after ``<|assistant|>``: the prompt to
+    generate from (mask all False).
+    """
+    if not isinstance(prompt, str):
+        raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
+    if response is not None and not isinstance(response, str):
+        raise TypeError(f"response must be a str or None, got {type(response).__name__}")
+    missing = [name for name in CHAT_TOKENS if name not in tokenizer.special_tokens]
+    if missing:
+        raise ValueError(f"tokenizer.special_tokens lacks the chat tokens {missing}")
+    user, assistant, end = (tokenizer.special_tokens[name] for name in CHAT_TOKENS)
+    ids = [user, *tokenizer.encode(prompt), end, assistant]
+    mask = [False] * len(ids)
+    if response is not None:
+        answer = [*tokenizer.encode(response), end]
+        ids += answer
+        mask += [True] * len(answer)
+    return ids, mask
+
+
+def pack(examples: Sequence[tuple[Sequence[int], Sequence[bool]]], block_size: int,
+         pad_id: int) -> tuple[Tensor, Tensor]:
+    """Lay examples end to end in rows of ``block_size`` tokens (packing).
+
+    Examples keep their order; one that does not fit in what is left of a row starts the next
+    row, and the rest of a row is padding (``pad_id``, mask False). Inside a row a later example
+    can attend to earlier ones, as in pretraining on concatenated documents; only the mask keeps
+    their prompts out of the loss. Returns input_ids (rows, block_size) long and
+    completion_mask (rows, block_size) bool.
+    """
+    check_int("block_size", block_size, minimum=2)
+    check_int("pad_id", pad_id)
+    rows: list[list[int]] = [[]]
+    masks: list[list[bool]] = [[]]
+    for index, (ids, mask) in enumerate(examples):
+        if len(ids) != len(mask):
+            raise ValueError(f"examples[{index}] has {len(ids)} ids but {len(mask)} mask entries")
+        if len(ids) > block_size:
+            raise ValueError(f"examples[{index}] has {len(ids)} tokens, more than "
+                             f"block_size={block_size}")
+        if len(rows[-1]) + len(ids) > block_size:
+            rows.append([])
+            masks.append([])
+        rows[-1] += list(ids)
+        masks[-1] += [bool(m) for m in mask]
+    input_ids = torch.full((len(rows), block_size), pad_id, dtype=torch.long)
+    completion_mask = torch.zeros(len(rows), block_size, dtype=torch.bool)
+    for i, (ids, mask) in enumerate(zip(rows, masks)):
+        input_ids[i, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+        completion_mask[i, :len(mask)] = torch.tensor(mask, dtype=torch.bool)
+    return input_ids, completion_mask
+
+
+def _check_ids_and_mask(logits: Tensor, input_ids: Tensor, completion_mask: Tensor) -> None:
+    check_float_tensor("logits", logits)
+    if logits.dim() != 3 or tuple(logits.shape[:2]) != tuple(input_ids.shape):
+        raise ValueError(f"logits must be (batch, t, vocab) with (batch, t) = input_ids' shape "
+                         f"{tuple(input_ids.shape)}, got {tuple(logits.shape)}")
+    check_bool_mask("completion_mask", completion_mask)
+    if completion_mask.shape != input_ids.shape:
+        raise ValueError(f"completion_mask must have input_ids' shape {tuple(input_ids.shape)}, "
+                         f"got {tuple(completion_mask.shape)}")
+
+
+def completion_loss(logits: Tensor, input_ids: Tensor, completion_mask: Tensor) -> Tensor:
+    """SFT loss: mean next-token cross-entropy over the tokens where ``completion_mask`` is True.
+
+    logits: (batch, t, vocab); input_ids, completion_mask: (batch, t). Token i is predicted at
+    position i - 1, so a mask that is True at position 0 has no effect there. Every counted
+    token weighs the same (the mean is over tokens, not over examples), as in trl.
+    """
+    _check_ids_and_mask(logits, input_ids, completion_mask)
+    if not bool(completion_mask[:, 1:].any()):
+        raise ValueError("completion_mask marks no token after position 0: nothing to learn")
+    return next_token_loss(logits, input_ids, completion_mask)
+
+
+def token_logprobs(logits: Tensor, input_ids: Tensor) -> Tensor:
+    """log p(input_ids[:, i + 1] | input_ids[:, :i + 1]) for every position: (batch, t - 1)."""
+    check_float_tensor("logits", logits)
+    if logits.dim() != 3 or tuple(logits.shape[:2]) != tuple(input_ids.shape):
+        raise ValueError(f"logits must be (batch, t, vocab) with (batch, t) = input_ids' shape "
+                         f"{tuple(input_ids.shape)}, got {tuple(logits.shape)}")
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    return logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+
+
+def sequence_logprobs(logits: Tensor, input_ids: Tensor, completion_mask: Tensor) -> Tensor:
+    """log pi(response | prompt): the sum of the completion tokens' log-probabilities, (batch,)."""
+    _check_ids_and_mask(logits, input_ids, completion_mask)
+    return (token_logprobs(logits, input_ids) * completion_mask[:, 1:]).sum(-1)
+
+
+def _check_same_shape(**tensors: Tensor) -> None:
+    names = list(tensors)
+    for name in names:
+        check_float_tensor(name, tensors[name])
+    first = tensors[names[0]].shape
+    for name in names[1:]:
+        if tensors[name].shape != first:
+            raise ValueError(f"{name} must have {names[0]}'s shape {tuple(first)}, "
+                             f"got {tuple(tensors[name].shape)}")
+
+
+def bradley_terry_loss(chosen_rewards: Tensor, rejected_rewards: Tensor) -> Tensor:
+    """Reward-model loss: mean of ``-log sigmoid(r_chosen - r_rejected)`` over pairs (batch,)."""
+    _check_same_shape(chosen_rewards=chosen_rewards, rejected_rewards=rejected_rewards)
+    return -F.logsigmoid(chosen_rewards - rejected_rewards).mean()
+
+
+def dpo_loss(policy_chosen: Tensor, policy_rejected: Tensor, reference_chosen: Tensor,
+             reference_rejected: Tensor, beta: float = 0.1) -> tuple[Tensor, Tensor, Tensor]:
+    """DPO's sigmoid loss (Rafailov et al. 2023) from sequence log-probabilities, each (batch,).
+
+    The implicit rewards are r = beta * (log pi(y|x) - log pi_ref(y|x)); the loss is the mean of
+    ``-log sigmoid(r_chosen - r_rejected)``, Bradley-Terry on the implicit rewards. Returns
+    (loss, chosen_rewards, rejected_rewards), the rewards detached.
+    """
+    _check_same_shape(policy_chosen=policy_chosen, policy_rejected=policy_rejected,
+                      reference_chosen=reference_chosen, reference_rejected=reference_rejected)
+    if not beta > 0:
+        raise ValueError(f"beta must be positive, got {beta}")
+    chosen = beta * (policy_chosen - reference_chosen)
+    rejected = beta * (policy_rejected - reference_rejected)
+    return -F.logsigmoid(chosen - rejected).mean(), chosen.detach(), rejected.detach()
+
+
+def group_advantages(rewards: Tensor, group_size: int, eps: float = 1e-4) -> Tensor:
+    """GRPO's advantages: each reward minus its group's mean, over the group's standard
+    deviation (unbiased, plus ``eps``), as trl's GRPOTrainer computes them.
+
+    rewards: (batch,), ``group_size`` consecutive entries being the completions of one prompt.
+    """
+    check_float_tensor("rewards", rewards)
+    check_int("group_size", group_size, minimum=2)
+    if rewards.dim() != 1 or rewards.numel() % group_size:
+        raise ValueError(f"rewards must be (batch,) with batch a multiple of group_size="
+                         f"{group_size}, got shape {tuple(rewards.shape)}")
+    groups = rewards.view(-1, group_size)
+    centred = groups - groups.mean(-1, keepdim=True)
+    return (centred / (groups.std(-1, keepdim=True) + eps)).flatten()
+
+
+def kl_penalty(logprobs: Tensor, reference_logprobs: Tensor, estimator: str = "k3") -> Tensor:
+    """Per-token estimates of KL(pi || pi_ref) from tokens sampled from pi, (batch, t).
+
+    With log-ratio d = log pi_ref - log pi of the sampled token, "k1" is -d (unbiased, can be
+    negative) and "k3" is exp(d) - d - 1 (unbiased, never negative; Schulman's estimator that
+    GRPO uses).
+    """
+    _check_same_shape(logprobs=logprobs, reference_logprobs=reference_logprobs)
+    d = reference_logprobs - logprobs
+    if estimator == "k1":
+        return -d
+    if estimator == "k3":
+        return torch.expm1(d) - d
+    raise ValueError(f"estimator must be 'k1' or 'k3', got {estimator!r}")
+
+
+def _masked_mean(values: Tensor, mask: Tensor) -> Tensor:
+    check_bool_mask("mask", mask)
+    if mask.shape != values.shape:
+        raise ValueError(f"mask must have shape {tuple(values.shape)}, got {tuple(mask.shape)}")
+    return (values * mask).sum() / mask.sum().clamp(min=1)
+
+
+def ppo_clip_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
+                  clip_eps: float = 0.2) -> Tensor:
+    """PPO's clipped surrogate, negated to be minimised, averaged over the masked tokens.
+
+    logprobs, old_logprobs, mask: (batch, t); advantages: (batch,) (one per sequence, as in
+    GRPO) or (batch, t). With ratio rho = pi / pi_old, each token contributes
+    ``-min(rho * A, clip(rho, 1 - eps, 1 + eps) * A)``: the ratio earns nothing beyond the clip
+    range in the advantage's direction.
+    """
+    _check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs)
+    check_float_tensor("advantages", advantages)
+    if advantages.shape == logprobs.shape[:1]:
+        advantages = advantages[:, None]
+    elif advantages.shape != logprobs.shape:
+        raise ValueError(f"advantages must be (batch,) or (batch, t) with (batch, t) = "
+                         f"{tuple(logprobs.shape)}, got {tuple(advantages.shape)}")
+    if not 0 < clip_eps < 1:
+        raise ValueError(f"clip_eps must lie in (0, 1), got {clip_eps}")
+    ratio = torch.exp(logprobs - old_logprobs)
+    clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps)
+    return _masked_mean(-torch.minimum(ratio * advantages, clipped * advantages), mask)
+
+
+def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, reference_logprobs: Tensor,
+              advantages: Tensor, mask: Tensor, clip_eps: float = 0.2,
+              beta: float = 0.04) -> tuple[Tensor, Tensor]:
+    """GRPO's objective (Shao et al. 2024): the clipped surrogate plus beta times the k3 KL to
+    the reference model, both averaged over the masked tokens. Returns (loss, mean KL)."""
+    kl = _masked_mean(kl_penalty(logprobs, reference_logprobs, "k3"), mask)
+    surrogate = ppo_clip_loss(logprobs, old_logprobs, advantages, mask, clip_eps)
+    return surrogate + beta * kl, kl.detach()

@@ -1,0 +1,89 @@
+"""lecture_pkg.in_context: the baselines against NumPy/float64 loops, the model's causality."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from lecture_pkg.in_context import (
+    ICLTransformer,
+    linear_tasks,
+    lipschitz_tasks,
+    prefix_least_squares,
+    prefix_nadaraya_watson,
+)
+
+
+def test_prefix_least_squares_equals_numpy_lstsq():
+    g = torch.Generator().manual_seed(0)
+    xs, ys = linear_tasks(3, 8, 3, generator=g, noise=0.1)
+    got = prefix_least_squares(xs.double(), ys.double())
+    for b in range(3):
+        assert got[b, 0] == 0
+        for i in range(1, 8):
+            w = np.linalg.lstsq(xs[b, :i].double().numpy(), ys[b, :i].double().numpy(), rcond=None)[0]
+            assert got[b, i].item() == pytest.approx(float(xs[b, i].double().numpy() @ w), abs=1e-8)
+    # noiseless linear tasks: exact once there are dim points
+    xs, ys = linear_tasks(4, 6, 3, generator=g)
+    torch.testing.assert_close(prefix_least_squares(xs, ys)[:, 3:], ys[:, 3:], rtol=1e-4, atol=1e-4)
+
+
+def test_prefix_nadaraya_watson_by_hand():
+    g = torch.Generator().manual_seed(1)
+    xs, ys = lipschitz_tasks(2, 5, 2.0, generator=g)
+    got = prefix_nadaraya_watson(xs.double(), ys.double(), bandwidth=0.3)
+    for b in range(2):
+        assert got[b, 0] == 0
+        for i in range(1, 5):
+            w = [math.exp(-(xs[b, i, 0].item() - xs[b, j, 0].item()) ** 2 / (2 * 0.09)) for j in range(i)]
+            expected = sum(wj * ys[b, j].item() for j, wj in enumerate(w)) / sum(w)
+            assert got[b, i].item() == pytest.approx(expected, abs=1e-6)
+
+
+def test_lipschitz_tasks_respect_their_constant():
+    xs, ys = lipschitz_tasks(16, 3, 5.0, generator=torch.Generator().manual_seed(3))
+    g = torch.Generator().manual_seed(3)  # the same draws: xs, then frequencies, then phases
+    torch.rand(16, 3, 1, generator=g)
+    k = torch.rand(16, 1, 3, generator=g) * 3 + 1
+    phase = torch.rand(16, 1, 3, generator=g) * 2 * torch.pi
+    torch.testing.assert_close(ys, (5.0 / (3 * k) * torch.sin(k * xs + phase)).sum(-1))
+    assert xs.abs().max() <= 1
+    grid = torch.linspace(-1, 1, 2001)[None, :, None]
+    dense = (5.0 / (3 * k) * torch.sin(k * grid + phase)).sum(-1)
+    slopes = dense.diff(dim=1).abs() / (2 / 2000)
+    assert slopes.max() <= 5.0 + 1e-3
+    with pytest.raises(ValueError, match="lipschitz must be positive"):
+        lipschitz_tasks(2, 3, 0.0)
+
+
+def test_icl_transformer_is_causal_over_pairs():
+    torch.manual_seed(0)
+    model = ICLTransformer(dim=2, max_points=6, d_model=16, n_layer=2, n_head=2).eval()
+    xs, ys = linear_tasks(2, 6, 2, generator=torch.Generator().manual_seed(0))
+    base = model(xs, ys)
+    assert base.shape == (2, 6)
+    changed_y = ys.clone()
+    changed_y[:, 3] += 5.0  # y_3 may only reach predictions 4 and 5
+    out = model(xs, changed_y)
+    torch.testing.assert_close(out[:, :4], base[:, :4])
+    assert (out[:, 4:] - base[:, 4:]).abs().min() > 0
+    changed_x = xs.clone()
+    changed_x[:, 3] += 1.0  # x_3 reaches predictions 3, 4, 5
+    out = model(changed_x, ys)
+    torch.testing.assert_close(out[:, :3], base[:, :3])
+    assert (out[:, 3] - base[:, 3]).abs().min() > 0
+
+
+def test_icl_rejects_bad_input():
+    model = ICLTransformer(dim=2, max_points=4)
+    with pytest.raises(ValueError, match="xs must be"):
+        model(torch.zeros(1, 5, 2), torch.zeros(1, 5))
+    with pytest.raises(ValueError, match=r"ys \(batch, n\)"):
+        prefix_least_squares(torch.zeros(1, 3, 2), torch.zeros(1, 4))
+    with pytest.raises(TypeError, match="xs must have a floating dtype"):
+        prefix_nadaraya_watson(torch.zeros(1, 3, 2, dtype=torch.long), torch.zeros(1, 3), 1.0)
+    with pytest.raises(ValueError, match="dim must be positive"):
+        linear_tasks(2, 3, 0)
