@@ -1,11 +1,14 @@
 """Train a character-level GPT on Shakespeare (the book's reference GPT), on one process or on
 several with DDP.
 
-The book's checkpoint (``lecture_pkg/checkpoints/shakespeare_gpt.*``), on 2 CPU threads::
+The book's checkpoint (``lecture_pkg/checkpoints/shakespeare_gpt.*``), on one CPU thread::
 
-    OMP_NUM_THREADS=2 python scripts/train_gpt.py --n-layer 6 --n-embd 192 --n-head 6 \\
-        --block-size 256 --batch-size 32 --steps 2000 --lr 2e-3 --warmup 100 \\
-        --export lecture_pkg/checkpoints
+    OMP_NUM_THREADS=1 python scripts/train_gpt.py --n-layer 4 --n-embd 128 --n-head 4 \\
+        --block-size 128 --batch-size 16 --steps 1200 --lr 3e-3 --warmup 50 \\
+        --eval-every 150 --export lecture_pkg/checkpoints
+
+Every evaluation overwrites the export; the shipped files are the export whose step the JSON
+records (``figures["steps"]``).
 
 Several processes on one machine (gloo on CPUs, nccl with one GPU per process)::
 
