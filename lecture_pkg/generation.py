@@ -235,8 +235,10 @@ def beam_search(step: Step, input_ids: Tensor, *, num_beams: int = 4, max_new_to
     it has num_beams finished hypotheses and its best open beam, scored at its current
     length, ranks below all of them (HF's rule; stopping at num_beams finished hypotheses
     alone would return improbable short outputs that finished early while the most probable
-    one was still open). After ``max_new_tokens`` the open beams count as finished too. With
-    num_beams = 1 this is exactly :func:`greedy_search`. The paper
+    one was still open). With alpha > 0 the rule is a heuristic: lp grows with length, so an
+    open beam's normalised score can still rise after the example is declared done (HF's
+    ``early_stopping="never"`` keeps searching in that case). After ``max_new_tokens`` the open
+    beams count as finished too. With num_beams = 1 this is exactly :func:`greedy_search`. The paper
     (Vaswani et al. 2017) uses 4 beams, alpha = 0.6 and max_new_tokens = source length + 50.
 
     input_ids: (batch, t); ``step`` sees batch * num_beams rows. Returns (batch, t + t_out), and

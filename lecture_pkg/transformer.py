@@ -254,8 +254,9 @@ class Transformer(nn.Module):
                  bos_token_id: int, eos_token_id: int | Sequence[int], pad_token_id: int = 0,
                  num_beams: int = 1, length_penalty: float = 0.6,
                  max_new_tokens: int | None = None, use_cache: bool = True) -> Tensor:
-        """Translate: greedy decoding (num_beams = 1) or beam search, the paper's way by
-        default (max_new_tokens = source length + 50). Returns (batch, 1 + t_out) target ids
+        """Translate: greedy decoding (num_beams = 1) or beam search, by default with the
+        paper's limit of source length + 50 new tokens (here the padded batch length, so one
+        limit for the whole batch; the paper's is per sentence). Returns (batch, 1 + t_out) target ids
         starting with BOS, padded with pad_token_id after EOS."""
         mask = self._padding_mask(src, src_key_padding_mask, "src_key_padding_mask")
         check_int("num_beams", num_beams, minimum=1)
