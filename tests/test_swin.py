@@ -9,15 +9,23 @@ import itertools
 import pytest
 import torch
 
-from lecture_pkg.models.swin import (PatchMerging, Swin, SwinConfig, cyclic_shift,
-                                     region_labels, relative_position_index,
-                                     shifted_window_mask, window_and_shift, window_partition,
-                                     window_reverse)
+from lecture_pkg.models.swin import (
+    PatchMerging,
+    Swin,
+    SwinConfig,
+    cyclic_shift,
+    region_labels,
+    relative_position_index,
+    shifted_window_mask,
+    window_and_shift,
+    window_partition,
+    window_reverse,
+)
 
 transformers = pytest.importorskip("transformers")
 
 
-def hf_config(**overrides: object) -> "transformers.SwinConfig":
+def hf_config(**overrides: object) -> transformers.SwinConfig:
     sizes = {"image_size": 40, "patch_size": 2, "embed_dim": 16, "depths": [2, 3, 1],
              "num_heads": [2, 2, 4], "window_size": 3, "attn_implementation": "eager"}
     return transformers.SwinConfig(**{**sizes, **overrides})

@@ -13,7 +13,7 @@ from lecture_pkg.models.vit import PatchEmbedding, ViT, ViTConfig, patchify
 transformers = pytest.importorskip("transformers")
 
 
-def hf_config(**overrides: object) -> "transformers.ViTConfig":
+def hf_config(**overrides: object) -> transformers.ViTConfig:
     sizes = {"image_size": 16, "patch_size": 4, "hidden_size": 32, "num_hidden_layers": 3,
              "num_attention_heads": 4, "intermediate_size": 64, "num_labels": 5,
              "attn_implementation": "eager"}
@@ -29,7 +29,7 @@ def randomise(model: torch.nn.Module) -> None:
 
 
 @pytest.fixture(scope="module")
-def hf_model() -> "transformers.ViTModel":
+def hf_model() -> transformers.ViTModel:
     torch.manual_seed(0)
     model = transformers.ViTModel(hf_config()).eval()
     randomise(model)

@@ -22,7 +22,8 @@ and :class:`lecture_pkg.attention.MultiHeadAttention`:
 6. the names of Hugging Face's weights (``from_hf``, ``hf_state_dict``).
 
 The float mask handed to :class:`MultiHeadAttention` is the bias plus ``finfo.min`` where the
-shift mask blocks (the reference code adds -100, whose weight e^-100 is zero in float32).
+shift mask blocks (the reference code adds -100: its weight e^-100 = 3.8e-44 is a float32
+subnormal, negligible but not zero).
 Stochastic depth (``drop_path_rate``) drops both residual branches, as in the paper's code;
 Hugging Face 5.x drops only the attention branch. Evaluation outputs are unaffected.
 
@@ -41,8 +42,7 @@ from lecture_pkg.attention import MultiHeadAttention
 from lecture_pkg.checks import check_int
 from lecture_pkg.layers import FeedForward, Residual
 from lecture_pkg.models.common import HFInterop
-from lecture_pkg.models.vit import (check_hf_vision_config, check_hf_vision_model, check_pixels,
-                                    init_vision_weights_)
+from lecture_pkg.models.vit import check_hf_vision_config, check_hf_vision_model, check_pixels, init_vision_weights_
 
 __all__ = ["PatchMerging", "Swin", "SwinBlock", "SwinConfig", "SwinOutput", "cyclic_shift",
            "region_labels", "relative_position_index", "shifted_window_mask", "window_and_shift",
@@ -95,7 +95,7 @@ class SwinConfig:
         return [self.embed_dim * 2**s for s in range(len(self.depths))]
 
     @classmethod
-    def from_hf(cls, hf_config: Any, num_labels: int = 0) -> "SwinConfig":
+    def from_hf(cls, hf_config: Any, num_labels: int = 0) -> SwinConfig:
         """Ours from a ``transformers.SwinConfig`` (square images and patches, exact GELU, one
         dropout rate, q/k/v biases)."""
         size, patch = check_hf_vision_config(hf_config, "SwinConfig")
@@ -401,14 +401,14 @@ class Swin(HFInterop, nn.Module):
 
     @classmethod
     def from_config(cls, hf_config: Any, device: torch.device | str | None = None,
-                    dtype: torch.dtype | None = None, *, num_labels: int = 0) -> "Swin":
+                    dtype: torch.dtype | None = None, *, num_labels: int = 0) -> Swin:
         """An untrained Swin with the sizes of a ``transformers.SwinConfig`` (``SwinModel``;
         ``num_labels`` > 0: ``SwinForImageClassification``). device="meta" allocates nothing."""
         return cls(SwinConfig.from_hf(hf_config, num_labels=num_labels), device=device,
                    dtype=dtype)
 
     @classmethod
-    def from_hf(cls, hf_model: nn.Module) -> "Swin":
+    def from_hf(cls, hf_model: nn.Module) -> Swin:
         """A copy of a ``transformers`` ``SwinModel`` or ``SwinForImageClassification``."""
         classifier = check_hf_vision_model(hf_model, cls.HF_CLASSES)
         num_labels = hf_model.config.num_labels if classifier else 0

@@ -36,10 +36,19 @@ from lecture_pkg.checks import check_int
 from lecture_pkg.layers import EncoderLayer
 from lecture_pkg.models.common import HFInterop, check_hf_class
 
-__all__ = ["PatchEmbedding", "ViT", "ViTConfig", "ViTOutput", "check_hf_vision_config",
+__all__ = ["HF_LAYER_NAMES", "PatchEmbedding", "ViT", "ViTConfig", "ViTOutput", "check_hf_vision_config",
            "check_hf_vision_model", "check_pixels", "init_vision_weights_", "patchify"]
 
 Positions = Literal["1d", "2d", "none"]
+
+# Our EncoderLayer's weights and Hugging Face's ViTLayer's (shared by DeiT, ViTMAE)
+HF_LAYER_NAMES = [("self_attn.q_proj.", "attention.q_proj."),
+                  ("self_attn.k_proj.", "attention.k_proj."),
+                  ("self_attn.v_proj.", "attention.v_proj."),
+                  ("self_attn.out_proj.", "attention.o_proj."),
+                  ("attn_block.norm.", "layernorm_before."),
+                  ("ffn.linear1.", "mlp.fc1."), ("ffn.linear2.", "mlp.fc2."),
+                  ("ffn_block.norm.", "layernorm_after.")]
 
 
 @dataclass(frozen=True)
@@ -86,10 +95,12 @@ class ViTConfig:
         return self.image_size // self.patch_size
 
     @classmethod
-    def from_hf(cls, hf_config: Any, pooler: bool = False, num_labels: int = 0) -> "ViTConfig":
+    def from_hf(cls, hf_config: Any, pooler: bool = False, num_labels: int = 0,
+                hf_class: str = "ViTConfig") -> ViTConfig:
         """Ours from a ``transformers.ViTConfig`` (square images and patches, exact GELU, one
-        dropout rate, q/k/v biases, pooler width = hidden_size)."""
-        size, patch = check_hf_vision_config(hf_config, "ViTConfig")
+        dropout rate, q/k/v biases, pooler width = hidden_size); ``hf_class`` names another
+        config class with the same fields (``DeiTConfig``, ``ViTMAEConfig``)."""
+        size, patch = check_hf_vision_config(hf_config, hf_class)
         if pooler and (hf_config.pooler_output_size != hf_config.hidden_size
                        or hf_config.pooler_act != "tanh"):
             raise ValueError("the pooler must be a tanh layer of width hidden_size")
@@ -218,6 +229,8 @@ class ViT(HFInterop, nn.Module):
 
     CONFIG = ViTConfig
     HF_CLASSES = ("ViTModel", "ViTForImageClassification")
+    HF_PREFIX, HF_HEAD = "vit.", "classifier."  # HF's names in its classifier model
+    EXTRA_TOKENS: tuple[str, ...] = ()  # learned tokens after [CLS] (DeiT: distillation)
 
     def __init__(self, config: ViTConfig, device: torch.device | str | None = None,
                  dtype: torch.dtype | None = None) -> None:
@@ -230,10 +243,13 @@ class ViT(HFInterop, nn.Module):
         d, grid = config.hidden_size, config.grid
         self.patch_embed = PatchEmbedding(config.num_channels, d, config.patch_size, **factory)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d, **factory))
+        for name in self.EXTRA_TOKENS:
+            self.register_parameter(name, nn.Parameter(torch.zeros(1, 1, d, **factory)))
+        prefix = self.num_prefix_tokens
         if config.positions == "1d":  # one vector per position, [CLS] first
-            self.position = nn.Parameter(torch.zeros(1, 1 + grid * grid, d, **factory))
+            self.position = nn.Parameter(torch.zeros(1, prefix + grid * grid, d, **factory))
         elif config.positions == "2d":  # row and column halves, concatenated; [CLS] its own
-            self.cls_position = nn.Parameter(torch.zeros(1, 1, d, **factory))
+            self.cls_position = nn.Parameter(torch.zeros(1, prefix, d, **factory))
             self.row_position = nn.Parameter(torch.zeros(grid, d // 2, **factory))
             self.col_position = nn.Parameter(torch.zeros(grid, d // 2, **factory))
         self.drop = nn.Dropout(config.dropout)
@@ -248,13 +264,23 @@ class ViT(HFInterop, nn.Module):
         if device is None or torch.device(device).type != "meta":
             self.reset_parameters()
 
+    @property
+    def num_prefix_tokens(self) -> int:
+        """Tokens in front of the patches: [CLS] and the ``EXTRA_TOKENS``."""
+        return 1 + len(self.EXTRA_TOKENS)
+
     @torch.no_grad()
     def reset_parameters(self, std: float = 0.02) -> None:
         """Hugging Face's initialisation (:func:`init_vision_weights_`), with truncated normal
         [CLS] and positions."""
         init_vision_weights_(self, std)
-        for name, param in self.named_parameters(recurse=False):
+        for _name, param in self.named_parameters(recurse=False):
             nn.init.trunc_normal_(param, std=std)  # cls_token and the position tables
+
+    def no_weight_decay(self) -> set[str]:
+        """Names of the learned tokens and position tables, which the DeiT and timm recipes
+        train without weight decay (decay would pull them towards an arbitrary 0)."""
+        return {name for name, _ in self.named_parameters(recurse=False)}
 
     def position_table(self, grid_h: int, grid_w: int) -> Tensor | None:
         """The positions for a grid_h x grid_w patch grid, [CLS] first: (1, 1 + grid_h grid_w, D).
@@ -276,14 +302,16 @@ class ViT(HFInterop, nn.Module):
             return torch.cat([self.cls_position, patches.reshape(1, grid_h * grid_w, -1)], dim=1)
         if grid_h == grid_w == config.grid:
             return self.position
-        cls_pos, patch_pos = self.position[:, :1], self.position[:, 1:]
+        prefix = self.num_prefix_tokens
+        cls_pos, patch_pos = self.position[:, :prefix], self.position[:, prefix:]
         d = patch_pos.shape[-1]
         square = patch_pos.reshape(1, config.grid, config.grid, d).permute(0, 3, 1, 2)
         resized = F.interpolate(square, size=(grid_h, grid_w), mode="bicubic", align_corners=False)
         return torch.cat([cls_pos, resized.permute(0, 2, 3, 1).reshape(1, -1, d)], dim=1)
 
     def embed(self, pixel_values: Tensor, interpolate_pos_encoding: bool = False) -> Tensor:
-        """[CLS] + patch embeddings + positions, after dropout: (batch, 1 + N, hidden)."""
+        """[CLS] (and the extra tokens) + patch embeddings + positions, after dropout:
+        (batch, num_prefix_tokens + N, hidden)."""
         config = self.config
         check_pixels(pixel_values, config.num_channels)
         height, width = pixel_values.shape[-2:]
@@ -292,28 +320,36 @@ class ViT(HFInterop, nn.Module):
                              f"{config.image_size}x{config.image_size}: resize the image, or "
                              f"pass interpolate_pos_encoding=True to resize the positions")
         patches = self.patch_embed(pixel_values.to(self.cls_token.dtype))
-        x = torch.cat([self.cls_token.expand(len(patches), -1, -1), patches], dim=1)
+        tokens = [getattr(self, name) for name in ("cls_token", *self.EXTRA_TOKENS)]
+        x = torch.cat([t.expand(len(patches), -1, -1) for t in tokens] + [patches], dim=1)
         positions = self.position_table(height // config.patch_size, width // config.patch_size)
         return self.drop(x if positions is None else x + positions)
 
-    def forward(self, pixel_values: Tensor, interpolate_pos_encoding: bool = False,
-                output_attentions: bool = False) -> ViTOutput:
-        x = self.embed(pixel_values, interpolate_pos_encoding)
+    def encode(self, x: Tensor,
+               output_attentions: bool = False) -> tuple[Tensor, tuple[Tensor, ...] | None]:
+        """The encoder layers and the final LayerNorm on embedded tokens x (batch, t, hidden)
+        -> (states (batch, t, hidden), one (batch, heads, t, t) weight tensor per layer or
+        None)."""
         attentions = []
         for layer in self.layers:
             x, weights = layer(x, output_attentions=output_attentions)
             attentions.append(weights)
-        x = self.norm(x)
+        return self.norm(x), tuple(attentions) if output_attentions else None
+
+    def forward(self, pixel_values: Tensor, interpolate_pos_encoding: bool = False,
+                output_attentions: bool = False) -> ViTOutput:
+        x, attentions = self.encode(self.embed(pixel_values, interpolate_pos_encoding),
+                                    output_attentions)
         pooled = torch.tanh(self.pooler(x[:, 0])) if self.pooler is not None else None
         logits = self.classifier(x[:, 0]) if self.classifier is not None else None
-        return ViTOutput(x, pooled, logits, tuple(attentions) if output_attentions else None)
+        return ViTOutput(x, pooled, logits, attentions)
 
     # ---- Hugging Face interop ---------------------------------------------------------------
 
     @classmethod
     def from_config(cls, hf_config: Any, device: torch.device | str | None = None,
                     dtype: torch.dtype | None = None, *, pooler: bool = False,
-                    num_labels: int = 0) -> "ViT":
+                    num_labels: int = 0) -> ViT:
         """An untrained ViT with the sizes of a ``transformers.ViTConfig``: ``pooler=True`` is
         HF's ``ViTModel`` (default add_pooling_layer), ``num_labels`` > 0 its
         ``ViTForImageClassification``. device="meta" counts parameters without memory."""
@@ -321,7 +357,7 @@ class ViT(HFInterop, nn.Module):
         return cls(config, device=device, dtype=dtype)
 
     @classmethod
-    def from_hf(cls, hf_model: nn.Module) -> "ViT":
+    def from_hf(cls, hf_model: nn.Module) -> ViT:
         """A copy of a ``transformers`` ``ViTModel`` (with or without its pooler) or
         ``ViTForImageClassification``, giving the same outputs."""
         if check_hf_vision_model(hf_model, cls.HF_CLASSES):
@@ -338,22 +374,16 @@ class ViT(HFInterop, nn.Module):
     def hf_names(self) -> list[tuple[str, str]]:
         if self.config.positions != "1d":
             raise ValueError("only 1-D positions have a Hugging Face counterpart")
-        base = "vit." if self.classifier is not None else ""
-        layer = [("self_attn.q_proj.", "attention.q_proj."),
-                 ("self_attn.k_proj.", "attention.k_proj."),
-                 ("self_attn.v_proj.", "attention.v_proj."),
-                 ("self_attn.out_proj.", "attention.o_proj."),
-                 ("attn_block.norm.", "layernorm_before."),
-                 ("ffn.linear1.", "mlp.fc1."), ("ffn.linear2.", "mlp.fc2."),
-                 ("ffn_block.norm.", "layernorm_after.")]
-        names = [("cls_token", base + "embeddings.cls_token"),
-                 ("position", base + "embeddings.position_embeddings"),
-                 ("patch_embed.proj.", base + "embeddings.patch_embeddings.projection."),
-                 ("norm.", base + "layernorm.")]
+        base = self.HF_PREFIX if self.classifier is not None else ""
+        names = [(token, f"{base}embeddings.{token}") for token in ("cls_token",
+                                                                    *self.EXTRA_TOKENS)]
+        names += [("position", base + "embeddings.position_embeddings"),
+                  ("patch_embed.proj.", base + "embeddings.patch_embeddings.projection."),
+                  ("norm.", base + "layernorm.")]
         names += [(f"layers.{{i}}.{ours}", f"{base}layers.{{i}}.{theirs}")
-                  for ours, theirs in layer]
+                  for ours, theirs in HF_LAYER_NAMES]
         if self.pooler is not None:
             names.append(("pooler.", "pooler.dense."))
         if self.classifier is not None:
-            names.append(("classifier.", "classifier."))
+            names.append(("classifier.", self.HF_HEAD))
         return names
