@@ -124,10 +124,13 @@ def test_search_goes_on_while_an_open_beam_can_still_win(use_cache: bool) -> Non
     assert score.item() == pytest.approx(math.log(0.42))
 
 
-def test_search_goes_on_while_an_open_beam_beats_the_kth_finished() -> None:
+@pytest.mark.parametrize("alpha", [0.0, 1.0])
+def test_search_goes_on_while_an_open_beam_beats_the_kth_finished(alpha: float) -> None:
     """After step 2 the finished hypotheses are EOS (0.5) and a EOS (0.18); the open beam b y
     (0.19) is below the best of them but above the second (the k-th for 2 beams), so the search
-    takes a third step (comparing with the best finished one would stop after two)."""
+    takes a third step (comparing with the best finished one would stop after two). With
+    alpha = 1 both are scored at length 2: log 0.19 / (7/6) = -1.42 against log 0.18 / (7/6) =
+    -1.47 (the open beam's raw log 0.19 = -1.66 would rank below and stop the search)."""
     a, b, x, y = 2, 3, 4, 5
     calls = []
     model = TableModel({(): {EOS: 0.5, a: 0.3, b: 0.2}, (a,): {EOS: 0.6, x: 0.4},
@@ -139,7 +142,7 @@ def test_search_goes_on_while_an_open_beam_beats_the_kth_finished() -> None:
 
     start = torch.full((1, 1), 5, dtype=torch.long)
     out = beam_search(step, start, num_beams=2, max_new_tokens=6, eos_token_id=EOS,
-                      length_penalty=0.0, new_cache=History)
+                      length_penalty=alpha, new_cache=History)
     assert generated(out) == [[EOS]]
     assert len(calls) == 3
 
