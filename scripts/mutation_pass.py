@@ -194,7 +194,8 @@ MUTANTS = [
     m("lm-loss-mask-shifted-wrong", EDGE, GPT, "~attention_mask[:, 1:].bool()",
       "~attention_mask[:, :-1].bool()", T_EDGE),
     m("lm-loss-ignores-mask", EDGE, GPT,
-      "        targets = targets.masked_fill(~attention_mask[:, 1:].bool(), -100)\n", "", T_EDGE),
+      "targets = targets.masked_fill(~attention_mask[:, 1:].bool(), -100)",
+      "targets = targets.clone()", T_EDGE),
     m("count-4bit-weights-missing", EDGE, LORA,
       "    total += sum(m.in_features * m.out_features for m in model.modules()",
       "    total += 0 * sum(m.in_features * m.out_features for m in model.modules()", T_EDGE),
@@ -282,7 +283,14 @@ def main() -> None:
             print(f"SKIP  {mu.id:42s} snippet found {original.count(mu.old)} times", flush=True)
             results.append((mu, "skipped"))
             continue
-        path.write_text(original.replace(mu.old, mu.new))
+        mutated = original.replace(mu.old, mu.new)
+        try:
+            compile(mutated, str(path), "exec")
+        except SyntaxError as error:  # a mutant must be a program, not a collection error
+            print(f"INVALID {mu.id:42s} {error}", flush=True)
+            results.append((mu, "skipped"))
+            continue
+        path.write_text(mutated)
         try:
             killed, seconds, last = pytest(dest, mu.new_tests, args.timeout, broken)
             verdict = "new" if killed else ""
