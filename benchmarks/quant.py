@@ -20,9 +20,9 @@ import platform
 from collections.abc import Callable
 
 import torch
+from attention import interleaved_median_times  # benchmarks/attention.py, same folder
 from torch import nn
 
-from attention import interleaved_median_times  # benchmarks/attention.py, same folder
 from lecture_pkg.lora import inject_lora, mark_only_trainable
 from lecture_pkg.measure import peak_memory, wall_time
 from lecture_pkg.quant import Linear4bit, dequantize_nf4, quantize_linears, quantize_nf4
@@ -132,7 +132,7 @@ def qlora_memory(size: int, length: int) -> None:
         mark_only_trainable(model)
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
 
-        def step() -> None:
+        def step(model: torch.nn.Module = model, optimizer: torch.optim.Optimizer = optimizer) -> None:
             loss = model(**inputs).last_hidden_state.square().mean()
             loss.backward()
             optimizer.step()

@@ -30,7 +30,8 @@ and returned in their own dtype.
 from __future__ import annotations
 
 import math
-from typing import Callable, Literal
+from collections.abc import Callable
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -385,7 +386,8 @@ def scaled_dot_product_attention(
             batch dims ``...`` (e.g. batch, heads) must be identical; t_q may differ from t_k and
             d_v from d_k.
         attn_mask: optional, broadcastable to (..., t_q, t_k). Bool: True = may attend. Float (cast
-            to q's dtype, so a float32 bias works under autocast): added to the scores; entries <= ``torch.finfo(dtype).min`` (or -inf) block.
+            to q's dtype, so a float32 bias works under autocast): added to the scores; entries
+            <= ``torch.finfo(dtype).min`` (or -inf) block.
         is_causal: query i may attend to keys j <= i (top-left aligned, as torch's is_causal).
             Unlike torch, it may be combined with attn_mask (both must allow a position).
         scale: multiplies q k^T; default 1/sqrt(d_k).
@@ -565,7 +567,7 @@ class MultiHeadAttention(nn.Module):
         return self.out_proj(out), weights
 
     @classmethod
-    def from_torch(cls, module: nn.MultiheadAttention) -> "MultiHeadAttention":
+    def from_torch(cls, module: nn.MultiheadAttention) -> MultiHeadAttention:
         """A copy of ``module``'s weights, giving equal outputs and per-head weights (call torch's
         module with ``average_attn_weights=False`` and batch-first inputs to compare)."""
         if not isinstance(module, nn.MultiheadAttention):

@@ -20,8 +20,9 @@ Shapes: x: (batch, t, d_model), batch first. Masks: bool, True = may attend (see
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import partial
-from typing import Callable, Literal
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -293,7 +294,7 @@ class EncoderLayer(nn.Module):
         return self.ffn_block(x, self.ffn), weights
 
     @classmethod
-    def from_torch(cls, layer: nn.TransformerEncoderLayer) -> "EncoderLayer":
+    def from_torch(cls, layer: nn.TransformerEncoderLayer) -> EncoderLayer:
         """A copy of ``layer``'s weights (post-LN or ``norm_first``), giving equal outputs. Our
         layer is batch first and its bool masks mean "may attend": pass ``~mask`` to torch."""
         if not isinstance(layer, nn.TransformerEncoderLayer):
@@ -364,7 +365,7 @@ class DecoderLayer(nn.Module):
         return self.ffn_block(y, self.ffn), self_weights, cross_weights
 
     @classmethod
-    def from_torch(cls, layer: nn.TransformerDecoderLayer) -> "DecoderLayer":
+    def from_torch(cls, layer: nn.TransformerDecoderLayer) -> DecoderLayer:
         """A copy of ``layer``'s weights (post-LN or ``norm_first``), giving equal outputs."""
         if not isinstance(layer, nn.TransformerDecoderLayer):
             raise TypeError(f"layer must be a torch.nn.TransformerDecoderLayer, "

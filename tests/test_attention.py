@@ -18,9 +18,9 @@ from torch.utils._pytree import tree_leaves
 
 from lecture_pkg import kernels
 from lecture_pkg.attention import (
-    KVCache,
     AdditiveScore,
     BilinearScore,
+    KVCache,
     MultiHeadAttention,
     attention,
     cosine_score,

@@ -25,7 +25,7 @@ FLASH_HEAD_DIMS = (64, 128)  # the head dims the kernel is tested with
 FLASH_DTYPES = (torch.float16, torch.bfloat16)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _triton_importable() -> bool:
     try:
         importlib.import_module("triton")

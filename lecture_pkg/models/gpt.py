@@ -23,8 +23,8 @@ tokens and 0/False for padding (HF's convention, left or right padding).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
@@ -253,7 +253,7 @@ class GPT(nn.Module):
 
     @classmethod
     def from_config(cls, hf_config: Any, device: torch.device | str | None = None,
-                    dtype: torch.dtype | None = None) -> "GPT":
+                    dtype: torch.dtype | None = None) -> GPT:
         """An untrained GPT with a ``transformers.GPT2Config``'s sizes (device="meta" builds it
         without allocating memory, e.g. to count GPT-3's parameters)."""
         if type(hf_config).__name__ != "GPT2Config":
@@ -281,7 +281,7 @@ class GPT(nn.Module):
         return cls(config, device=device, dtype=dtype)
 
     @classmethod
-    def from_hf(cls, hf_model: nn.Module) -> "GPT":
+    def from_hf(cls, hf_model: nn.Module) -> GPT:
         """A copy of a ``transformers.GPT2LMHeadModel``'s weights, giving equal logits."""
         check_hf_class(hf_model, "GPT2LMHeadModel")
         weight = hf_model.transformer.wte.weight
