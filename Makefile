@@ -9,7 +9,7 @@ INSTALLED := $(VENV)/.installed
 VENDORED := node_modules/.package-lock.json
 BUILD_FLAGS := -W -n --keep-going
 
-.PHONY: install book book-no-execute test lint unit nbval browser-check execute stamp bench triton-check clean
+.PHONY: install book book-no-execute test lint unit nbval browser-check execute stamp checkpoint bench triton-check clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -56,8 +56,18 @@ book-no-execute: install $(NO_EXECUTE_CONFIG)
 # the hashes of its code and of the lecture_pkg modules it imports (scripts/notebook_freshness.py).
 # NOTEBOOKS=book/06_transformer.ipynb re-executes just that one; `make stamp` records without running.
 NOTEBOOKS ?= book/[0-9]*.ipynb
+# OpenMP threads that wait for work sleep instead of spinning: on a busy machine two spinning
+# threads per notebook multiplied its CPU time several times over; results do not change.
+export OMP_WAIT_POLICY := PASSIVE
+
 execute: install
 	$(PY) scripts/notebook_freshness.py execute $(NOTEBOOKS)
+
+# The book's reference Shakespeare GPT (lecture_pkg/checkpoints/), retrained; the command, time and
+# figures of the shipped one are in benchmarks/RESULTS.md.
+checkpoint: install
+	OMP_NUM_THREADS=1 $(PY) scripts/train_gpt.py --n-layer 4 --n-embd 128 --n-head 4 --block-size 128 \
+	  --batch-size 16 --steps 1200 --lr 3e-3 --warmup 50 --eval-every 150 --export lecture_pkg/checkpoints
 
 stamp: install
 	$(PY) scripts/notebook_freshness.py stamp $(NOTEBOOKS)
