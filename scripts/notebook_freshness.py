@@ -179,6 +179,7 @@ def update_prose(path: Path) -> None:
         raise SystemExit(f"{path}: code cells changed in {text_source(path)}; run `execute` instead")
     combined = combine_inputs_with_outputs(text, executed, fmt=TEXT_FORMAT)
     combined.metadata[KEY] = executed.metadata[KEY]
+    combined.metadata["jupytext"] = dict(PAIRING)
     nbformat.write(combined, path)
 
 

@@ -13,9 +13,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lecture_pkg.masks import (
-    IGNORE_INDEX, T5_SENTINELS, apply_span_corruption, bigbird_mask, broadcast_mask, causal_mask,
-    combine_masks, document_mask, longformer_mask, mlm_mask, packed_document_ids, padding_mask,
-    position_ids, prefix_lm_mask, random_spans, sliding_window_mask, span_corruption,
+    IGNORE_INDEX,
+    T5_SENTINELS,
+    apply_span_corruption,
+    bigbird_mask,
+    broadcast_mask,
+    causal_mask,
+    combine_masks,
+    document_mask,
+    longformer_mask,
+    mlm_mask,
+    packed_document_ids,
+    padding_mask,
+    position_ids,
+    prefix_lm_mask,
+    random_spans,
+    sliding_window_mask,
+    span_corruption,
     to_additive_mask,
 )
 

@@ -23,7 +23,7 @@ def assert_logits_close(ours: torch.Tensor, ref: torch.Tensor) -> None:
     torch.testing.assert_close(ours / scale, ref / scale, **TOL)
 
 
-def hf_config(version: str = "v1.0", **overrides: object) -> "transformers.T5Config":
+def hf_config(version: str = "v1.0", **overrides: object) -> transformers.T5Config:
     sizes = {"vocab_size": 77, "d_model": 32, "d_kv": 8, "d_ff": 48, "num_layers": 2,
              "num_decoder_layers": 3, "num_heads": 4, "relative_attention_num_buckets": 8,
              "relative_attention_max_distance": 20, "attn_implementation": "eager",

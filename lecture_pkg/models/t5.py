@@ -28,11 +28,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lecture_pkg.attention import MultiHeadAttention
-from lecture_pkg.layers import (ACTIVATIONS, GATED_ACTIVATIONS, DecoderLayer, EncoderLayer,
-                                FeedForward, RMSNorm)
+from lecture_pkg.layers import ACTIVATIONS, GATED_ACTIVATIONS, DecoderLayer, EncoderLayer, FeedForward, RMSNorm
 from lecture_pkg.masks import IGNORE_INDEX, causal_mask
-from lecture_pkg.models.common import (HFInterop, check_hf_class, check_padding_mask,
-                                       check_token_ids)
+from lecture_pkg.models.common import HFInterop, check_hf_class, check_padding_mask, check_token_ids
 from lecture_pkg.positional import RelativePositionBias
 
 __all__ = ["T5", "T5Config", "T5Output", "shift_right", "t5_loss"]
@@ -64,7 +62,7 @@ class T5Config:
     decoder_start_token_id: int = 0
 
     @classmethod
-    def from_hf(cls, hf_config: Any) -> "T5Config":
+    def from_hf(cls, hf_config: Any) -> T5Config:
         """Ours from a ``transformers.T5Config``. Our attention projects to d_model, so
         num_heads * d_kv must equal d_model (true of t5-small/base/large, not of v1.1-small)."""
         check_hf_class(hf_config, "T5Config")
@@ -184,7 +182,7 @@ def _stack_names(hf: str, decoder: bool, gated: bool) -> list[tuple[str, str]]:
     return names
 
 
-def init_t5_weights(model: "T5") -> None:
+def init_t5_weights(model: T5) -> None:
     """T5's initialisation (Mesh TensorFlow's): embeddings N(0, 1); every other matrix
     N(0, 1/fan_in), with the query's also divided by d_kv. That 1/sqrt(d_kv) in the
     initialisation replaces the 1/sqrt(d_kv) T5 leaves out of attention."""
