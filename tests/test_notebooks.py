@@ -239,3 +239,18 @@ def test_every_figure_has_a_caption_below_it(path: Path) -> None:
             if not (following and following["cell_type"] == "markdown" and text.startswith("*")):
                 uncaptioned.append(index)
     assert not uncaptioned, f"{path.name}: figures without a caption below them, cells {uncaptioned}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_glued_values_are_plain_python(path: Path) -> None:
+    """Glued numbers are Python ints/floats/strings: the book formats their text/plain form
+    ({glue:text}`name:.3f`), which fails for NumPy or torch reprs such as np.float64(0.85)."""
+    bad = []
+    for cell in code_cells(path):
+        for output in cell.get("outputs", []):
+            if "scrapbook" not in output.get("metadata", {}):
+                continue
+            plain = "".join(next((v for k, v in output.get("data", {}).items() if k.endswith("text/plain")), ""))
+            if re.match(r"(np\.|numpy\.|tensor\(|array\()", plain):
+                bad.append(f"{output['metadata']['scrapbook']['name']} = {plain}")
+    assert not bad, f"{path.name}: glue plain Python values (float(...), .item()): {bad[:3]}"
