@@ -18,6 +18,8 @@ def test_marker_lines_and_trailing_pragmas_are_removed() -> None:
             "    # NBVAL_IGNORE_OUTPUT\n"
             "print(x)  # NBVAL_SKIP\n")
     assert reader_source(cell) == "import numpy as np\nx = f(1)\nprint(x)"
+    assert reader_source("import transformers  # noqa: E402  (for the reference checks)") == \
+        "import transformers  # (for the reference checks)"
 
 
 def test_code_and_ordinary_comments_are_kept() -> None:

@@ -19,11 +19,14 @@ from sphinx.application import Sphinx
 # A whole line that is only a marker, or a marker at the end of a code line.
 _MARKER_LINE = re.compile(r"^[ \t]*# *NBVAL_[A-Z_]+[ \t]*\n?", re.M)
 _TRAILING_PRAGMA = re.compile(r"[ \t]*# *(noqa\b[:A-Z0-9, ]*|type: *ignore\b\S*|NBVAL_[A-Z_]+)[ \t]*$", re.M)
+# A pragma that opens a comment which goes on ("# noqa: E402  (why)"): the comment stays.
+_LEADING_PRAGMA = re.compile(r"# *noqa(?:: *[A-Z]+[0-9]+(?:[, ]+[A-Z]+[0-9]+)*)?[ \t]+(?=\S)")
 
 
 def reader_source(code: str) -> str:
     """Cell source without tool markers and pragmas (see the module docstring)."""
-    return _TRAILING_PRAGMA.sub("", _MARKER_LINE.sub("", code)).strip("\n")
+    code = _TRAILING_PRAGMA.sub("", _MARKER_LINE.sub("", code))
+    return _LEADING_PRAGMA.sub("# ", code).strip("\n")
 
 
 def strip_tool_markers(app: Sphinx, doctree: nodes.document) -> None:
