@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_wiring import distinct_norms  # every norm its own gain and bias
 from torch import Tensor, nn
 
 from lecture_pkg.layers import EncoderLayer, Residual
@@ -20,16 +21,6 @@ def randn(*shape: int, seed: int = 0) -> Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
-def perturbed_norms(module: nn.Module, seed: int = 3) -> None:
-    """Give every norm a gain and bias of its own, so that no two norms are interchangeable."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for m in module.modules():
-            if isinstance(m, nn.LayerNorm):
-                m.weight.copy_(1 + 0.5 * torch.randn(m.weight.shape, generator=g))
-                m.bias.copy_(0.5 * torch.randn(m.bias.shape, generator=g))
-
-
 # --------------------------------------------------------------------------------------------
 # Residual wiring: dropout on the sub-layer's output, never on the residual path
 # --------------------------------------------------------------------------------------------
@@ -37,7 +28,7 @@ def perturbed_norms(module: nn.Module, seed: int = 3) -> None:
 @pytest.mark.parametrize("wiring", ["post", "pre", "sandwich"])
 def test_dropout_of_one_removes_the_branch_and_keeps_the_residual(wiring: str) -> None:
     block = Residual(8, wiring, dropout=1.0, dtype=torch.float64).train()
-    perturbed_norms(block)
+    distinct_norms(block)
     x = randn(2, 5, 8)
     out = block(x, lambda h: 3.0 * h + 1.0)
     expected = block.norm(x) if wiring == "post" else x
@@ -51,7 +42,7 @@ def test_encoder_layer_with_dropout_one_passes_the_residual_stream(wiring: str) 
     layer = EncoderLayer(8, 2, 16, dropout=0.5, wiring=wiring, dtype=torch.float64).train()
     layer.attn_block.dropout = nn.Dropout(1.0)  # the residual dropouts only (attention's own
     layer.ffn_block.dropout = nn.Dropout(1.0)   # dropout must stay below 1)
-    perturbed_norms(layer)
+    distinct_norms(layer)
     x = randn(2, 5, 8)
     out, _ = layer(x)
     expected = x if wiring == "pre" else layer.ffn_block.norm(layer.attn_block.norm(x))
@@ -61,7 +52,7 @@ def test_encoder_layer_with_dropout_one_passes_the_residual_stream(wiring: str) 
 def test_dropout_sees_the_branch_output_not_the_sum() -> None:
     """A hook on the residual's dropout: in pre-LN it receives F(Norm(x)), nothing with x added."""
     block = Residual(8, "pre", dropout=0.5, dtype=torch.float64).train()
-    perturbed_norms(block)
+    distinct_norms(block)
     seen: list[Tensor] = []
     block.dropout.register_forward_hook(lambda _m, inp, _out: seen.append(inp[0]))
     x = randn(2, 5, 8)
