@@ -67,7 +67,7 @@ execute: install
 # figures of the shipped one are in benchmarks/RESULTS.md.
 checkpoint: install
 	OMP_NUM_THREADS=1 $(PY) scripts/train_gpt.py --n-layer 4 --n-embd 128 --n-head 4 --block-size 128 \
-	  --batch-size 16 --steps 1200 --lr 3e-3 --warmup 50 --eval-every 150 --export lecture_pkg/checkpoints
+	  --batch-size 32 --steps 7000 --lr 3e-3 --warmup 200 --eval-every 500 --export lecture_pkg/checkpoints
 
 stamp: install
 	$(PY) scripts/notebook_freshness.py stamp $(NOTEBOOKS)
