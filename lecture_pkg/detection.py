@@ -1,0 +1,410 @@
+"""Object detection as set prediction (DETR, Carion et al., 2020): data, boxes, matching, loss
+and the AP metric. The model itself is in :mod:`lecture_pkg.models.detr`.
+
+1. :func:`synthetic_shapes`: images of 1-4 coloured squares, circles and triangles with their
+   boxes and classes, deterministic from a ``torch.Generator``;
+2. box arithmetic: corner/centre conversions, pairwise IoU and generalised IoU (GIoU);
+3. :func:`hungarian`: the Hungarian algorithm (Kuhn-Munkres with potentials, O(n^2 m)) for a
+   rectangular cost matrix, and :func:`hungarian_match`: DETR's one-to-one matching of queries
+   to objects on a cost of class probability, L1 box distance and GIoU;
+4. :func:`detr_loss`: cross-entropy over every query (the unmatched ones must say "no object",
+   whose weight is ``eos_coef``) plus L1 and GIoU on the matched boxes;
+5. :func:`average_precision`: box AP at one IoU threshold, averaged over classes (all-point
+   interpolation of the precision-recall curve).
+
+Boxes are ``(cx, cy, w, h)`` normalised by the image size unless a name says ``xyxy``
+(``(x0, y0, x1, y1)``). Classes are ``0 .. num_classes - 1``; the model's extra last logit is
+"no object".
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from lecture_pkg.checks import check_float_tensor, check_int
+
+__all__ = [
+    "CLASS_NAMES",
+    "ShapesData",
+    "average_precision",
+    "box_area",
+    "box_cxcywh_to_xyxy",
+    "box_iou",
+    "box_xyxy_to_cxcywh",
+    "detr_loss",
+    "generalized_box_iou",
+    "hungarian",
+    "hungarian_match",
+    "match_cost",
+    "synthetic_shapes",
+]
+
+CLASS_NAMES = ("square", "circle", "triangle")
+_PALETTE = torch.tensor([[0.95, 0.25, 0.2], [0.2, 0.75, 0.3], [0.25, 0.45, 0.95],
+                         [0.95, 0.8, 0.2], [0.85, 0.35, 0.85], [0.3, 0.85, 0.9]])
+
+
+# --------------------------------------------------------------------------------------------
+# 1. Data
+# --------------------------------------------------------------------------------------------
+
+class ShapesData(NamedTuple):
+    """images: (n, 3, size, size) in [0, 1]; boxes[i]: (k_i, 4) normalised cxcywh;
+    classes[i]: (k_i,) int64 indices into :data:`CLASS_NAMES`."""
+
+    images: Tensor
+    boxes: list[Tensor]
+    classes: list[Tensor]
+
+
+def _shape_mask(kind: int, x0: int, y0: int, s: int, size: int) -> Tensor:
+    """The pixels (size, size) of a shape in the square [x0, x0+s) x [y0, y0+s)."""
+    centres = torch.arange(size, dtype=torch.float32) + 0.5
+    y, x = centres[:, None], centres[None, :]
+    inside = (x >= x0) & (x <= x0 + s) & (y >= y0) & (y <= y0 + s)
+    if kind == 1:  # circle inscribed in the square
+        r = s / 2
+        return (x - x0 - r) ** 2 + (y - y0 - r) ** 2 <= r * r
+    if kind == 2:  # triangle: apex at the top middle, base along the bottom edge
+        return inside & ((x - x0 - s / 2).abs() <= (y - y0) / 2)
+    return inside
+
+
+def synthetic_shapes(n: int, image_size: int = 32, generator: torch.Generator | None = None,
+                     max_objects: int = 4, min_size: int = 6,
+                     max_size: int = 12) -> ShapesData:
+    """``n`` images of 1..``max_objects`` non-overlapping shapes on a dark, slightly noisy
+    background. Each shape has a random class (square, circle, triangle), side length in
+    [min_size, max_size] pixels, position and colour (colour says nothing about the class).
+    The box of a shape is its bounding square. Same generator state, same data."""
+    check_int("n", n, minimum=1)
+    check_int("image_size", image_size, minimum=8)
+    check_int("max_objects", max_objects, minimum=1)
+    check_int("min_size", min_size, minimum=2)
+    check_int("max_size", max_size, minimum=min_size)
+    if max_size > image_size // 2:
+        raise ValueError(f"max_size must be at most image_size // 2 = {image_size // 2}, "
+                         f"got {max_size}")
+    g = generator
+
+    def randint(low: int, high: int) -> int:  # inclusive
+        return int(torch.randint(low, high + 1, (1,), generator=g))
+
+    images = 0.08 * torch.rand(n, 3, image_size, image_size, generator=g)
+    all_boxes, all_classes = [], []
+    for i in range(n):
+        placed: list[tuple[int, int, int]] = []
+        kinds: list[int] = []
+        for _ in range(randint(1, max_objects)):
+            kind, s = randint(0, len(CLASS_NAMES) - 1), randint(min_size, max_size)
+            colour = _PALETTE[randint(0, len(_PALETTE) - 1)]
+            for _attempt in range(30):  # rejection sampling: no two boxes touch
+                x0, y0 = randint(0, image_size - s), randint(0, image_size - s)
+                if all(x0 + s < a or a + b < x0 or y0 + s < c or c + b < y0
+                       for a, c, b in placed):
+                    break
+            else:
+                continue
+            mask = _shape_mask(kind, x0, y0, s, image_size)
+            images[i][:, mask] = colour[:, None]
+            placed.append((x0, y0, s))
+            kinds.append(kind)
+        xyxy = torch.tensor([[x0, y0, x0 + s, y0 + s] for x0, y0, s in placed],
+                            dtype=torch.float32) / image_size
+        all_boxes.append(box_xyxy_to_cxcywh(xyxy))
+        all_classes.append(torch.tensor(kinds, dtype=torch.long))
+    return ShapesData(images, all_boxes, all_classes)
+
+
+# --------------------------------------------------------------------------------------------
+# 2. Boxes
+# --------------------------------------------------------------------------------------------
+
+def _check_boxes(name: str, boxes: object) -> Tensor:
+    boxes = check_float_tensor(name, boxes)
+    if boxes.dim() < 1 or boxes.shape[-1] != 4:
+        raise ValueError(f"{name} must have last dim 4, got shape {tuple(boxes.shape)}")
+    return boxes
+
+
+def box_cxcywh_to_xyxy(boxes: Tensor) -> Tensor:
+    """(..., 4) centre, width, height -> (..., 4) corners."""
+    cx, cy, w, h = _check_boxes("boxes", boxes).unbind(-1)
+    return torch.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], dim=-1)
+
+
+def box_xyxy_to_cxcywh(boxes: Tensor) -> Tensor:
+    """(..., 4) corners -> (..., 4) centre, width, height."""
+    x0, y0, x1, y1 = _check_boxes("boxes", boxes).unbind(-1)
+    return torch.stack([(x0 + x1) / 2, (y0 + y1) / 2, x1 - x0, y1 - y0], dim=-1)
+
+
+def box_area(boxes_xyxy: Tensor) -> Tensor:
+    """(..., 4) corners -> (...) areas."""
+    b = _check_boxes("boxes_xyxy", boxes_xyxy)
+    return (b[..., 2] - b[..., 0]) * (b[..., 3] - b[..., 1])
+
+
+def _check_corners(name: str, boxes: Tensor) -> None:
+    if boxes.dim() != 2:
+        raise ValueError(f"{name} must be (n, 4), got shape {tuple(boxes.shape)}")
+    if bool(((boxes[:, 2:] < boxes[:, :2]) & boxes.isfinite().all(-1, keepdim=True)).any()):
+        raise ValueError(f"{name} has a box with x1 < x0 or y1 < y0 (expected x0, y0, x1, y1)")
+
+
+def box_iou(a_xyxy: Tensor, b_xyxy: Tensor) -> tuple[Tensor, Tensor]:
+    """Pairwise intersection over union. a: (n, 4), b: (m, 4) corners -> (iou (n, m),
+    union (n, m))."""
+    _check_corners("a_xyxy", _check_boxes("a_xyxy", a_xyxy))
+    _check_corners("b_xyxy", _check_boxes("b_xyxy", b_xyxy))
+    top_left = torch.maximum(a_xyxy[:, None, :2], b_xyxy[None, :, :2])
+    bottom_right = torch.minimum(a_xyxy[:, None, 2:], b_xyxy[None, :, 2:])
+    inter = (bottom_right - top_left).clamp(min=0).prod(-1)
+    union = box_area(a_xyxy)[:, None] + box_area(b_xyxy)[None, :] - inter
+    return inter / union, union
+
+
+def generalized_box_iou(a_xyxy: Tensor, b_xyxy: Tensor) -> Tensor:
+    """Pairwise GIoU = IoU - (|C| - |A u B|) / |C|, C the smallest box enclosing both.
+    a: (n, 4), b: (m, 4) corners -> (n, m) in [-1, 1]."""
+    iou, union = box_iou(a_xyxy, b_xyxy)
+    top_left = torch.minimum(a_xyxy[:, None, :2], b_xyxy[None, :, :2])
+    bottom_right = torch.maximum(a_xyxy[:, None, 2:], b_xyxy[None, :, 2:])
+    enclosing = (bottom_right - top_left).clamp(min=0).prod(-1)
+    return iou - (enclosing - union) / enclosing
+
+
+# --------------------------------------------------------------------------------------------
+# 3. Matching
+# --------------------------------------------------------------------------------------------
+
+def hungarian(cost: Tensor) -> tuple[Tensor, Tensor]:
+    """Minimum-cost one-to-one assignment for a (n, m) cost matrix, as
+    ``scipy.optimize.linear_sum_assignment``: returns (rows, cols), each (min(n, m),) int64,
+    rows ascending; ``cost[rows, cols].sum()`` is minimal.
+
+    Kuhn-Munkres with row and column potentials u, v (reduced cost c_ij - u_i - v_j >= 0): rows
+    are added one at a time and each grows a shortest augmenting path (Dijkstra on reduced
+    costs), so n rows cost O(n^2 m). Runs in float64 on the CPU."""
+    cost = check_float_tensor("cost", cost)
+    if cost.dim() != 2:
+        raise ValueError(f"cost must be 2-D (n, m), got shape {tuple(cost.shape)}")
+    if not bool(cost.isfinite().all()):
+        raise ValueError("cost must be finite")
+    transposed = cost.shape[0] > cost.shape[1]
+    c = (cost.T if transposed else cost).detach().to("cpu", torch.float64).tolist()
+    n, m = len(c), len(c[0]) if c else 0
+    u, v = [0.0] * (n + 1), [0.0] * (m + 1)
+    owner = [0] * (m + 1)  # owner[j]: the row (1-based) holding column j; column 0 is a dummy
+    for i in range(1, n + 1):
+        owner[0], j0 = i, 0
+        dist, way, used = [math.inf] * (m + 1), [0] * (m + 1), [False] * (m + 1)
+        while owner[j0] != 0:  # grow the shortest path until it reaches a free column
+            used[j0] = True
+            i0, delta, j1 = owner[j0], math.inf, 0
+            for j in range(1, m + 1):
+                if not used[j]:
+                    reduced = c[i0 - 1][j - 1] - u[i0] - v[j]
+                    if reduced < dist[j]:
+                        dist[j], way[j] = reduced, j0
+                    if dist[j] < delta:
+                        delta, j1 = dist[j], j
+            for j in range(m + 1):
+                if used[j]:
+                    u[owner[j]] += delta
+                    v[j] -= delta
+                else:
+                    dist[j] -= delta
+            j0 = j1
+        while j0:  # flip the path
+            j1 = way[j0]
+            owner[j0] = owner[j1]
+            j0 = j1
+    pairs = sorted((owner[j] - 1, j - 1) for j in range(1, m + 1) if owner[j])
+    rows = torch.tensor([p[0] for p in pairs], dtype=torch.long)
+    cols = torch.tensor([p[1] for p in pairs], dtype=torch.long)
+    if transposed:
+        order = torch.argsort(cols)
+        rows, cols = cols[order], rows[order]
+    return rows, cols
+
+
+def _check_targets(classes: list[Tensor], boxes: list[Tensor], batch: int) -> None:
+    if len(classes) != batch or len(boxes) != batch:
+        raise ValueError(f"target_classes and target_boxes must hold one entry per image "
+                         f"({batch}), got {len(classes)} and {len(boxes)}")
+    for k, (c, b) in enumerate(zip(classes, boxes)):
+        _check_boxes(f"target_boxes[{k}]", b)
+        if c.shape != b.shape[:1]:
+            raise ValueError(f"target_classes[{k}] has shape {tuple(c.shape)} but "
+                             f"target_boxes[{k}] holds {b.shape[0]} boxes")
+
+
+def _check_predictions(logits: Tensor, boxes: Tensor) -> None:
+    check_float_tensor("logits", logits)
+    _check_boxes("pred_boxes", boxes)
+    if logits.dim() != 3 or boxes.shape != (*logits.shape[:2], 4):
+        raise ValueError(f"logits must be (batch, queries, classes + 1) and pred_boxes "
+                         f"(batch, queries, 4), got {tuple(logits.shape)} and "
+                         f"{tuple(boxes.shape)}")
+
+
+def match_cost(logits: Tensor, pred_boxes: Tensor, target_classes: Tensor,
+               target_boxes: Tensor, class_weight: float = 1.0, l1_weight: float = 5.0,
+               giou_weight: float = 2.0) -> Tensor:
+    """DETR's matching cost for one image: (queries, objects) =
+    - class_weight * p(class of the object) + l1_weight * L1(boxes) - giou_weight * GIoU.
+
+    logits: (queries, classes + 1); pred_boxes: (queries, 4); target_classes: (objects,);
+    target_boxes: (objects, 4), both box sets normalised cxcywh."""
+    prob = logits.softmax(-1)[:, target_classes]
+    l1 = torch.cdist(pred_boxes, target_boxes, p=1)
+    giou = generalized_box_iou(box_cxcywh_to_xyxy(pred_boxes), box_cxcywh_to_xyxy(target_boxes))
+    return -class_weight * prob + l1_weight * l1 - giou_weight * giou
+
+
+@torch.no_grad()
+def hungarian_match(logits: Tensor, pred_boxes: Tensor, target_classes: list[Tensor],
+                    target_boxes: list[Tensor], class_weight: float = 1.0,
+                    l1_weight: float = 5.0,
+                    giou_weight: float = 2.0) -> list[tuple[Tensor, Tensor]]:
+    """Per image, the (query indices, object indices) of the minimum-cost matching under
+    :func:`match_cost`; every object gets one query, the other queries get none.
+
+    logits: (batch, queries, classes + 1); pred_boxes: (batch, queries, 4);
+    target_classes[i]: (k_i,); target_boxes[i]: (k_i, 4). Needs k_i <= queries."""
+    _check_predictions(logits, pred_boxes)
+    _check_targets(target_classes, target_boxes, logits.shape[0])
+    out = []
+    for lg, pb, tc, tb in zip(logits, pred_boxes, target_classes, target_boxes):
+        if tb.shape[0] > lg.shape[0]:
+            raise ValueError(f"an image has {tb.shape[0]} objects but there are only "
+                             f"{lg.shape[0]} queries")
+        cost = match_cost(lg.float(), pb.float(), tc, tb.float(), class_weight, l1_weight,
+                          giou_weight)
+        out.append(hungarian(cost))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# 4. Loss
+# --------------------------------------------------------------------------------------------
+
+def detr_loss(logits: Tensor, pred_boxes: Tensor, target_classes: list[Tensor],
+              target_boxes: list[Tensor], indices: list[tuple[Tensor, Tensor]] | None = None,
+              eos_coef: float = 0.1, class_weight: float = 1.0, l1_weight: float = 5.0,
+              giou_weight: float = 2.0) -> dict[str, Tensor]:
+    """DETR's set loss after matching (``indices`` from :func:`hungarian_match`, computed here
+    when None):
+
+    - ``class``: cross-entropy over all queries, the target of an unmatched query being the
+      last class ("no object"), whose weight is ``eos_coef`` (a weighted mean, as torch's
+      ``cross_entropy`` with ``weight`` computes it);
+    - ``l1`` and ``giou``: sum over matched pairs of L1(box) and 1 - GIoU, divided by the
+      number of objects in the batch;
+    - ``loss`` = class_weight * class + l1_weight * l1 + giou_weight * giou.
+
+    Shapes as in :func:`hungarian_match`. Returns scalars."""
+    _check_predictions(logits, pred_boxes)
+    _check_targets(target_classes, target_boxes, logits.shape[0])
+    if not 0.0 <= eos_coef <= 1.0:
+        raise ValueError(f"eos_coef must be in [0, 1], got {eos_coef}")
+    if indices is None:
+        indices = hungarian_match(logits, pred_boxes, target_classes, target_boxes,
+                                  class_weight, l1_weight, giou_weight)
+    batch, queries, num_logits = logits.shape
+    device = logits.device
+    image = torch.cat([torch.full_like(q, k) for k, (q, _) in enumerate(indices)]).to(device)
+    query = torch.cat([q for q, _ in indices]).to(device)
+    matched_classes = torch.cat([c[t] for c, (_, t) in zip(target_classes, indices)]).to(device)
+    matched_boxes = torch.cat([b[t] for b, (_, t) in zip(target_boxes, indices)]).to(device)
+    target = torch.full((batch, queries), num_logits - 1, dtype=torch.long, device=device)
+    target[image, query] = matched_classes
+    weight = torch.ones(num_logits, device=device, dtype=logits.dtype)
+    weight[-1] = eos_coef
+    loss_class = F.cross_entropy(logits.transpose(1, 2), target, weight=weight)
+    num_boxes = max(sum(len(b) for b in target_boxes), 1)
+    boxes = pred_boxes[image, query]
+    loss_l1 = (boxes - matched_boxes).abs().sum() / num_boxes
+    giou = generalized_box_iou(box_cxcywh_to_xyxy(boxes), box_cxcywh_to_xyxy(matched_boxes))
+    loss_giou = (1 - giou.diagonal()).sum() / num_boxes
+    total = class_weight * loss_class + l1_weight * loss_l1 + giou_weight * loss_giou
+    return {"loss": total, "class": loss_class, "l1": loss_l1, "giou": loss_giou}
+
+
+# --------------------------------------------------------------------------------------------
+# 5. Metric
+# --------------------------------------------------------------------------------------------
+
+def average_precision(pred_boxes: list[Tensor], pred_scores: list[Tensor],
+                      pred_classes: list[Tensor], target_boxes: list[Tensor],
+                      target_classes: list[Tensor], num_classes: int,
+                      iou_threshold: float = 0.5) -> dict[str, float]:
+    """Box AP at one IoU threshold (PASCAL VOC's all-point AP; COCO's AP50 differs only in
+    sampling the curve at 101 recall points), averaged over the classes that have objects.
+
+    Per image i: pred_boxes[i] (d_i, 4) cxcywh, pred_scores[i] (d_i,), pred_classes[i] (d_i,);
+    target_boxes[i] (k_i, 4), target_classes[i] (k_i,). Per class, detections are taken in
+    descending score over all images; one is a true positive when its IoU with a not yet
+    claimed object of its class in its image is >= ``iou_threshold`` (the best such object is
+    claimed), else a false positive. AP is the area under the precision-recall curve after
+    making precision non-increasing. Returns {"ap": mean, "ap_<class>": per class}."""
+    check_int("num_classes", num_classes, minimum=1)
+    if not 0.0 < iou_threshold <= 1.0:
+        raise ValueError(f"iou_threshold must be in (0, 1], got {iou_threshold}")
+    n = len(target_boxes)
+    if not len(pred_boxes) == len(pred_scores) == len(pred_classes) == len(target_classes) == n:
+        raise ValueError("pred_boxes, pred_scores, pred_classes, target_boxes and "
+                         "target_classes must hold one entry per image")
+    # every prediction against every object of its image, for all images at once (padded)
+    most_pred = max([len(b) for b in pred_boxes] + [1])
+    most_gt = max([len(b) for b in target_boxes] + [1])
+    pred = torch.zeros(n, most_pred, 4)
+    gt = torch.zeros(n, most_gt, 4)
+    for i in range(n):
+        pred[i, :len(pred_boxes[i])] = box_cxcywh_to_xyxy(pred_boxes[i].float().reshape(-1, 4))
+        gt[i, :len(target_boxes[i])] = box_cxcywh_to_xyxy(target_boxes[i].float().reshape(-1, 4))
+    top_left = torch.maximum(pred[:, :, None, :2], gt[:, None, :, :2])
+    bottom_right = torch.minimum(pred[:, :, None, 2:], gt[:, None, :, 2:])
+    inter = (bottom_right - top_left).clamp(min=0).prod(-1)
+    areas = [(b[..., 2] - b[..., 0]) * (b[..., 3] - b[..., 1]) for b in (pred, gt)]
+    union = areas[0][:, :, None] + areas[1][:, None, :] - inter
+    iou = (inter / union.clamp(min=1e-12)).tolist()  # (n, most_pred, most_gt)
+    result: dict[str, float] = {}
+    for cls in range(num_classes):
+        records = []  # (score, image, prediction index)
+        objects = [[j for j, c in enumerate(target_classes[i].tolist()) if c == cls]
+                   for i in range(n)]
+        total = sum(len(o) for o in objects)
+        if total == 0:
+            continue
+        for i in range(n):
+            records += [(s, i, r) for r, (s, c) in enumerate(zip(pred_scores[i].tolist(),
+                                                                 pred_classes[i].tolist()))
+                        if c == cls]
+        claimed = [set() for _ in range(n)]
+        records.sort(key=lambda r: -r[0])
+        hits = []
+        for _, i, r in records:
+            best, best_iou = -1, iou_threshold
+            for j in objects[i]:
+                if j not in claimed[i] and iou[i][r][j] >= best_iou:
+                    best, best_iou = j, iou[i][r][j]
+            if best >= 0:
+                claimed[i].add(best)
+            hits.append(best >= 0)
+        tp = torch.tensor(hits, dtype=torch.float64).cumsum(0)
+        precision = tp / torch.arange(1, len(hits) + 1, dtype=torch.float64)
+        recall = tp / total
+        # precision envelope, then the area under the step curve
+        envelope = precision.flip(0).cummax(0).values.flip(0)
+        recall_steps = torch.cat([torch.zeros(1, dtype=torch.float64), recall]).diff()
+        result[f"ap_{CLASS_NAMES[cls] if num_classes == len(CLASS_NAMES) else cls}"] = float(
+            (recall_steps * envelope).sum()) if len(hits) else 0.0
+    result["ap"] = float(sum(result.values()) / len(result)) if result else 0.0
+    return result
