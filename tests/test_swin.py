@@ -203,3 +203,33 @@ def test_errors() -> None:
         SwinConfig(embed_dim=10, num_heads=(3, 6, 12, 24))
     with pytest.raises(ValueError, match="need 0 < shift < window"):
         region_labels(4, 4, 5, 2)
+
+
+def test_shift_windows_off_keeps_windows_isolated() -> None:
+    # one stage of two blocks on a 4 x 4 map with 2 x 2 windows: without the shift no token
+    # ever attends outside its window, so a change in the top-left window leaves the other
+    # three windows' outputs untouched; with the shift (same weights) it reaches them
+    torch.manual_seed(0)
+    sizes = {"image_size": 8, "patch_size": 2, "num_channels": 1, "embed_dim": 8,
+             "depths": (2,), "num_heads": (2,), "window_size": 2, "drop_path_rate": 0.0}
+    shifted = Swin(SwinConfig(**sizes)).eval()
+    plain = Swin(SwinConfig(**sizes, shift_windows=False)).eval()
+    plain.load_state_dict(shifted.state_dict())
+    x = images(1, 1, 8, 8)
+    changed = x.clone()
+    changed[..., :4, :4] += 1.0  # the pixels of the top-left 2 x 2 window of patches
+    top_left = torch.tensor([0, 1, 4, 5])  # its tokens, row by row on the 4 x 4 map
+    others = torch.tensor([i for i in range(16) if i not in top_left.tolist()])
+    with torch.no_grad():
+        a, b = plain(x).last_hidden_state, plain(changed).last_hidden_state
+        torch.testing.assert_close(a[:, others], b[:, others], rtol=0, atol=0)
+        assert not torch.allclose(a[:, top_left], b[:, top_left])
+        a, b = shifted(x).last_hidden_state, shifted(changed).last_hidden_state
+        assert not torch.allclose(a[:, others], b[:, others])
+        # the flag only drops the shift: a model calling every block unshifted agrees
+        h, size = plain.embed(x)
+        for block in plain.stages[0].blocks:
+            h, _ = block(h, size, shifted=False)
+        torch.testing.assert_close(plain.norm(h), plain(x).last_hidden_state)
+    with pytest.raises(ValueError, match="shift_windows must be True or False"):
+        SwinConfig(shift_windows=1)

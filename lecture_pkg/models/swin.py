@@ -55,6 +55,8 @@ class SwinConfig:
 
     Stage s has ``depths[s]`` blocks of width ``embed_dim * 2**s`` with ``num_heads[s]`` heads.
     ``num_labels`` > 0 adds a linear classifier on the mean of the last stage's tokens.
+    ``shift_windows=False`` keeps every block on the regular window grid (no cyclic shift): the
+    "w/o shifting" ablation of the paper's Table 4.
     """
 
     image_size: int = 224
@@ -70,6 +72,7 @@ class SwinConfig:
     absolute_positions: bool = False
     eps: float = 1e-5
     num_labels: int = 0
+    shift_windows: bool = True
 
     def __post_init__(self) -> None:
         for name in ("image_size", "patch_size", "num_channels", "embed_dim", "window_size"):
@@ -86,6 +89,8 @@ class SwinConfig:
             if self.dims[s] % heads:
                 raise ValueError(f"stage {s} has width {self.dims[s]}, not divisible by "
                                  f"num_heads[{s}]={heads}")
+        if not isinstance(self.shift_windows, bool):
+            raise ValueError(f"shift_windows must be True or False, got {self.shift_windows!r}")
         if not 0.0 <= self.drop_path_rate < 1.0:
             raise ValueError(f"drop_path_rate must be in [0, 1), got {self.drop_path_rate}")
 
@@ -290,7 +295,8 @@ class PatchMerging(nn.Module):
 
 
 class SwinStage(nn.Module):
-    """``depth`` blocks (odd ones shifted), then patch merging unless it is the last stage."""
+    """``depth`` blocks (odd ones shifted unless ``config.shift_windows`` is False), then patch
+    merging unless it is the last stage."""
 
     def __init__(self, dim: int, depth: int, num_heads: int, config: SwinConfig,
                  drop_paths: list[float], merge: bool,
@@ -386,7 +392,8 @@ class Swin(HFInterop, nn.Module):
         attentions = []
         for stage in self.stages:
             for b, block in enumerate(stage.blocks):
-                x, weights = block(x, size, shifted=b % 2 == 1,
+                shifted = self.config.shift_windows and b % 2 == 1
+                x, weights = block(x, size, shifted=shifted,
                                    output_attentions=output_attentions)
                 attentions.append(weights)
             if stage.merge is not None:
