@@ -10,6 +10,10 @@ baselines are the estimators a statistician would use on the same prefix: least 
 attention head whose query and key are x and whose value is y.
 
 Shapes: xs (batch, n, d), ys (batch, n); predictions (batch, n), entry i made from pairs < i.
+
+Prompting a pretrained model is scored here too: :func:`answer_logprob` gives each candidate
+answer its summed log-probability after a prompt, the way GPT-3 (Brown et al. 2020) scored
+multiple-choice tasks in the zero-, one- and few-shot settings.
 """
 
 from __future__ import annotations
@@ -21,8 +25,35 @@ from lecture_pkg.checks import check_float_tensor, check_int
 from lecture_pkg.kernel_regression import nadaraya_watson
 from lecture_pkg.layers import EncoderLayer
 
-__all__ = ["ICLTransformer", "lipschitz_tasks", "linear_tasks", "prefix_least_squares",
+__all__ = ["ICLTransformer", "answer_logprob", "lipschitz_tasks", "linear_tasks", "prefix_least_squares",
            "prefix_nadaraya_watson"]
+
+
+@torch.no_grad()
+def answer_logprob(model: nn.Module, prompts: list[list[int]], answers: list[list[int]],
+                   pad_id: int) -> Tensor:
+    """log p(answer | prompt) = sum over the answer's tokens of log p(token | everything before
+    it), for each (prompt, answer) pair of token ids, in one right-padded batch.
+
+    ``model(ids)`` must return an object with ``.logits`` (batch, t, vocab) from a causal
+    language model, so padding after a sequence cannot change its scores. Prompts need at least
+    one token, answers too; prompt plus answer must fit the model's context. Returns (n,)
+    float32 on the CPU."""
+    if len(prompts) != len(answers) or not prompts:
+        raise ValueError(f"prompts and answers must be non-empty lists of equal length, got "
+                         f"{len(prompts)} and {len(answers)}")
+    if any(len(p) == 0 for p in prompts) or any(len(a) == 0 for a in answers):
+        raise ValueError("prompts and answers must each hold at least one token")
+    width = max(len(p) + len(a) for p, a in zip(prompts, answers))
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    scored = torch.zeros(len(prompts), width, dtype=torch.bool)  # True at answer tokens
+    for i, (p, a) in enumerate(zip(prompts, answers)):
+        ids[i, :len(p) + len(a)] = torch.tensor(list(p) + list(a))
+        scored[i, len(p):len(p) + len(a)] = True
+    device = next(model.parameters()).device
+    logits = model(ids.to(device)).logits[:, :-1].float().cpu()  # position t predicts t + 1
+    token_logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    return (token_logp * scored[:, 1:]).sum(-1)
 
 
 def linear_tasks(batch: int, n_points: int, dim: int, generator: torch.Generator | None = None,
@@ -40,11 +71,12 @@ def linear_tasks(batch: int, n_points: int, dim: int, generator: torch.Generator
 
 
 def lipschitz_tasks(batch: int, n_points: int, lipschitz: float,
-                    generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+                    generator: torch.Generator | None = None,
+                    noise: float = 0.0) -> tuple[Tensor, Tensor]:
     """Random 1-D functions with Lipschitz constant at most ``lipschitz`` on [-1, 1]:
     f(x) = (L / k) sin(k x + phi) averaged over three random frequencies k in [1, 4] (each
     term's slope is at most L / 3). xs (batch, n_points, 1) uniform on [-1, 1]; ys (batch,
-    n_points)."""
+    n_points) = f(xs) (+ noise times standard normal noise, drawn after the functions)."""
     check_int("batch", batch, minimum=1)
     check_int("n_points", n_points, minimum=1)
     if not lipschitz > 0:
@@ -53,6 +85,8 @@ def lipschitz_tasks(batch: int, n_points: int, lipschitz: float,
     k = torch.rand(batch, 1, 3, generator=generator) * 3 + 1
     phase = torch.rand(batch, 1, 3, generator=generator) * 2 * torch.pi
     ys = (lipschitz / (3 * k) * torch.sin(k * xs + phase)).sum(-1)
+    if noise:
+        ys = ys + noise * torch.randn(batch, n_points, generator=generator)
     return xs, ys
 
 

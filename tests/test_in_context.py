@@ -87,3 +87,36 @@ def test_icl_rejects_bad_input():
         prefix_nadaraya_watson(torch.zeros(1, 3, 2, dtype=torch.long), torch.zeros(1, 3), 1.0)
     with pytest.raises(ValueError, match="dim must be positive"):
         linear_tasks(2, 3, 0)
+
+
+def test_answer_logprob_equals_one_pair_at_a_time():
+    from lecture_pkg.in_context import answer_logprob
+    from lecture_pkg.models.gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=11, n_positions=16, n_embd=16, n_layer=2, n_head=2)).eval()
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 10, (n,), generator=g).tolist() for n in (1, 5, 3, 7)]
+    answers = [torch.randint(0, 10, (n,), generator=g).tolist() for n in (4, 1, 6, 2)]
+    got = answer_logprob(model, prompts, answers, pad_id=10)
+    for i, (p, a) in enumerate(zip(prompts, answers)):  # unpadded, float64, token by token
+        expected = 0.0
+        for j in range(len(a)):
+            context = torch.tensor([p + a[:j]])
+            with torch.no_grad():
+                logits = model(context).logits[0, -1].double()
+            expected += torch.log_softmax(logits, -1)[a[j]].item()
+        assert got[i].item() == pytest.approx(expected, abs=1e-4)
+    with pytest.raises(ValueError, match="equal length"):
+        answer_logprob(model, prompts, answers[:2], pad_id=10)
+    with pytest.raises(ValueError, match="at least one token"):
+        answer_logprob(model, [[]], [[1]], pad_id=10)
+
+
+def test_task_noise_is_added_after_the_clean_draws():
+    clean = lipschitz_tasks(4, 6, 2.0, generator=torch.Generator().manual_seed(5))
+    noisy = lipschitz_tasks(4, 6, 2.0, generator=torch.Generator().manual_seed(5), noise=0.3)
+    torch.testing.assert_close(noisy[0], clean[0])
+    g = torch.Generator().manual_seed(5)
+    lipschitz_tasks(4, 6, 2.0, generator=g)  # the same clean draws, then the noise
+    torch.testing.assert_close(noisy[1], clean[1] + 0.3 * torch.randn(4, 6, generator=g))
