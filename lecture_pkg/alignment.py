@@ -19,7 +19,13 @@
 
 * **A small instruction set with checkable answers** (:func:`make_instructions`): tasks over
   Shakespeare's words and lines (upper-case a word, reverse it, count the words of a line),
-  built offline from any text, so held-out instructions come from held-out plays.
+  built offline from any text, so held-out instructions come from held-out plays;
+  :func:`generate_answers` answers them with a model, :func:`exact_match` scores the answers.
+* **Preferences from a known rule** (:func:`make_preference_pairs`): the correct answer is
+  preferred to a plausible wrong one (the word unchanged, the other task's answer, one letter
+  off, a count off by one).
+* :func:`load_shakespeare_sft`: the book's Shakespeare GPT after SFT on the instruction set
+  (``scripts/train_sft.py`` writes it).
 
 Shapes: token ids (batch, t); per-token log-probabilities and masks (batch, t - 1), aligned with
 the targets ``input_ids[:, 1:]`` (position i scores token i + 1); sequence log-probabilities,
@@ -28,22 +34,31 @@ rewards and advantages (batch,). Masks are bool, True = the token counts.
 
 from __future__ import annotations
 
+import functools
+import json
 import random
 import re
+import string
+from collections import defaultdict
 from collections.abc import Collection, Sequence
-from typing import NamedTuple, Protocol
+from importlib import resources
+from typing import Any, NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from lecture_pkg.checks import check_bool_mask, check_float_tensor, check_int
-from lecture_pkg.models.gpt import next_token_loss
+from lecture_pkg.models.gpt import GPT, next_token_loss
+from lecture_pkg.pretrained import CharTokenizer, load_shakespeare_gpt
 
-__all__ = ["CHAT_TOKENS", "INSTRUCTION_TASKS", "Instruction", "bradley_terry_loss",
-           "completion_loss", "dpo_loss", "encode_chat", "group_advantages", "grpo_loss",
-           "kl_penalty", "make_instructions", "pack", "ppo_clip_loss", "sequence_logprobs",
-           "token_logprobs"]
+__all__ = ["CHAT_TOKENS", "INSTRUCTION_TASKS", "Instruction", "Rollout", "bradley_terry_loss",
+           "completion_loss", "dpo_loss", "encode_chat", "exact_match", "generate_answers",
+           "group_advantages", "grpo_loss", "kl_penalty", "load_shakespeare_sft",
+           "make_instructions", "make_preference_pairs", "pack", "pad_right",
+           "ppo_clip_loss", "sequence_logprobs", "shakespeare_instructions",
+           "shakespeare_sft_info", "token_logprobs",
+           "wrong_answer"]
 
 CHAT_TOKENS = ("<|user|>", "<|assistant|>", "<|end|>")
 INSTRUCTION_TASKS = ("upper", "reverse", "count")
@@ -92,6 +107,24 @@ def make_instructions(text: str, n: int, seed: int = 0,
             answer = word.upper() if task == "upper" else word[::-1]
             examples.append(Instruction(task, f"{task}: {word}", answer))
     return examples
+
+
+@functools.cache
+def _training_words() -> frozenset[str]:
+    from lecture_pkg.data import shakespeare
+
+    return frozenset(re.findall(r"\b[a-z]+\b", shakespeare("train")))
+
+
+def shakespeare_instructions(split: str, n: int, seed: int = 0,
+                             tasks: Sequence[str] = INSTRUCTION_TASKS) -> list[Instruction]:
+    """:func:`make_instructions` over the works of one split of
+    :func:`lecture_pkg.data.shakespeare`. Outside ``"train"`` the words of the training works
+    are left out, so a held-out instruction's word was never seen in training."""
+    from lecture_pkg.data import shakespeare
+
+    exclude = _training_words() if split != "train" else frozenset()
+    return make_instructions(shakespeare(split), n, seed, tasks, exclude_words=exclude)
 
 
 class ChatTokenizer(Protocol):
@@ -305,3 +338,132 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, reference_logprobs: Tensor
     kl = _masked_mean(kl_penalty(logprobs, reference_logprobs, "k3"), mask)
     surrogate = ppo_clip_loss(logprobs, old_logprobs, advantages, mask, clip_eps)
     return surrogate + beta * kl, kl.detach()
+
+
+# --- answering instructions, judging answers, the SFT checkpoint -------------------------------
+
+def _argument(item: Instruction) -> str:
+    return item.prompt.split(": ", 1)[1]
+
+
+def wrong_answer(item: Instruction, rng: random.Random) -> str:
+    """A plausible wrong answer to ``item``, drawn with ``rng``: for a word, the word unchanged,
+    the other task's answer, one letter replaced, or one letter dropped or doubled at the end;
+    for a count, the count plus or minus one."""
+    if item.task == "count":
+        n = int(item.answer)
+        return str(n + 1 if n <= 1 or rng.random() < 0.5 else n - 1)
+    word = _argument(item)
+    letters = string.ascii_uppercase if item.task == "upper" else string.ascii_lowercase
+    i = rng.randrange(len(item.answer))
+    replaced = item.answer[:i] + rng.choice(letters.replace(item.answer[i], "")) \
+        + item.answer[i + 1:]
+    options = [word, word[::-1] if item.task == "upper" else word.upper(), replaced,
+               item.answer[:-1], item.answer + item.answer[-1]]
+    return rng.choice([o for o in options if o != item.answer])
+
+
+def make_preference_pairs(items: Sequence[Instruction], seed: int = 0
+                          ) -> list[tuple[str, str, str]]:
+    """(prompt, chosen, rejected) for every item, by a known rule: the correct answer is
+    preferred to a wrong one (:func:`wrong_answer`). Deterministic given ``seed``."""
+    rng = random.Random(seed)
+    return [(it.prompt, it.answer, wrong_answer(it, rng)) for it in items]
+
+
+def pad_right(examples: Sequence[tuple[Sequence[int], Sequence[bool]]], pad_id: int
+              ) -> tuple[Tensor, Tensor, Tensor]:
+    """One example per row, padded on the right to the longest: (input_ids, attention_mask,
+    completion_mask), each (len(examples), longest); attention_mask is 1 on real tokens."""
+    check_int("pad_id", pad_id)
+    if not examples:
+        raise ValueError("examples must not be empty")
+    width = max(len(ids) for ids, _ in examples)
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    keep = torch.zeros(len(examples), width, dtype=torch.long)
+    mask = torch.zeros(len(examples), width, dtype=torch.bool)
+    for row, (example_ids, example_mask) in enumerate(examples):
+        if len(example_ids) != len(example_mask):
+            raise ValueError(f"examples[{row}] has {len(example_ids)} ids but "
+                             f"{len(example_mask)} mask entries")
+        ids[row, :len(example_ids)] = torch.tensor(list(example_ids), dtype=torch.long)
+        keep[row, :len(example_ids)] = 1
+        mask[row, :len(example_mask)] = torch.tensor([bool(m) for m in example_mask])
+    return ids, keep, mask
+
+
+class Rollout(NamedTuple):
+    """Answers generated for a batch of prompts.
+
+    ids: (batch, t) the left-padded prompts then the new tokens; attention_mask: (batch, t) long,
+    1 on the prompt's real tokens and on the answer up to and including its first ``<|end|>``;
+    completion_mask: (batch, t) bool, True on those answer tokens only; texts: the answers
+    decoded, without ``<|end|>``.
+    """
+
+    ids: Tensor
+    attention_mask: Tensor
+    completion_mask: Tensor
+    texts: list[str]
+
+
+@torch.no_grad()
+def generate_answers(model: GPT, tokenizer: ChatTokenizer, prompts: Sequence[str],
+                     max_new_tokens: int = 12, do_sample: bool = False,
+                     generator: torch.Generator | None = None) -> Rollout:
+    """Answer every prompt in the chat template, greedily or by sampling (``do_sample``), in
+    one left-padded batch; an answer ends at ``<|end|>`` or after ``max_new_tokens`` tokens.
+    The model is put in eval mode."""
+    if isinstance(prompts, str) or not prompts:
+        raise ValueError("prompts must be a non-empty sequence of str")
+    end, pad = tokenizer.special_tokens["<|end|>"], tokenizer.special_tokens["<|pad|>"]
+    encoded = [encode_chat(tokenizer, p)[0] for p in prompts]
+    width = max(map(len, encoded))
+    device = next(model.parameters()).device
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in encoded], device=device)
+    keep = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in encoded],
+                        device=device)
+    out = model.eval().generate(ids, keep, max_new_tokens=max_new_tokens, do_sample=do_sample,
+                                generator=generator, eos_token_id=end, pad_token_id=pad)
+    new = out[:, width:]
+    ended_before = (new == end).long().cumsum(1) - (new == end).long()
+    answer = ended_before == 0  # the answer and its first <|end|>
+    texts = [tokenizer.decode([i for i, a in zip(row, keep_row) if a and i != end])
+             for row, keep_row in zip(new.tolist(), answer.tolist())]
+    return Rollout(out, torch.cat([keep, answer.long()], 1),
+                   torch.cat([torch.zeros_like(keep, dtype=torch.bool), answer], 1), texts)
+
+
+def exact_match(predictions: Sequence[str], items: Sequence[Instruction]) -> dict[str, float]:
+    """Exact-match accuracy per task, {task: share of items whose prediction is the answer}."""
+    if len(predictions) != len(items):
+        raise ValueError(f"predictions has {len(predictions)} entries but items {len(items)}")
+    by_task: dict[str, list[bool]] = defaultdict(list)
+    for prediction, item in zip(predictions, items):
+        by_task[item.task].append(prediction == item.answer)
+    return {task: sum(hits) / len(hits) for task, hits in by_task.items()}
+
+
+SFT_CHECKPOINT = "shakespeare_sft"
+
+
+@functools.cache
+def shakespeare_sft_info() -> dict[str, Any]:
+    """The JSON stored beside the SFT weights: how they were trained and their held-out
+    accuracy (``figures``)."""
+    path = resources.files("lecture_pkg") / "checkpoints" / f"{SFT_CHECKPOINT}.json"
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def load_shakespeare_sft(device: torch.device | str | None = None
+                         ) -> tuple[GPT, CharTokenizer]:
+    """The reference Shakespeare GPT after supervised fine-tuning on :func:`make_instructions`
+    (float32, eval mode) and its tokenizer."""
+    from safetensors.torch import load
+
+    model, tokenizer = load_shakespeare_gpt(device=device)
+    path = resources.files("lecture_pkg") / "checkpoints" / f"{SFT_CHECKPOINT}.safetensors"
+    state = load(path.read_bytes())
+    state["lm_head.weight"] = state["wte.weight"]  # tied: stored once
+    model.load_state_dict({k: v.float() for k, v in state.items()})
+    return model.eval(), tokenizer

@@ -266,3 +266,101 @@ def test_make_instructions_answers_and_held_out_words():
     assert {it.answer for it in held_out} <= {"HOW", "HIS", "SHOULD", "GLEAN", "SINCE"}
     with pytest.raises(ValueError, match="tasks must be"):
         make_instructions(text, 2, tasks=("translate",))
+
+
+def test_wrong_answers_are_wrong_and_pairs_deterministic():
+    import random
+
+    from lecture_pkg.alignment import Instruction, make_preference_pairs, wrong_answer
+
+    items = [Instruction("upper", "upper: night", "NIGHT"),
+             Instruction("reverse", "reverse: night", "thgin"),
+             Instruction("count", "count: a b c", "3"), Instruction("count", "count: a", "1")]
+    rng = random.Random(0)
+    for _ in range(50):
+        for it in items:
+            wrong = wrong_answer(it, rng)
+            assert wrong != it.answer
+            if it.task == "count":
+                assert abs(int(wrong) - int(it.answer)) == 1 and int(wrong) >= 1
+    pairs = make_preference_pairs(items, seed=3)
+    assert pairs == make_preference_pairs(items, seed=3)
+    assert [(p, c) for p, c, _ in pairs] == [(it.prompt, it.answer) for it in items]
+
+
+def test_pad_right_and_exact_match():
+    from lecture_pkg.alignment import Instruction, exact_match, pad_right
+
+    ids, keep, mask = pad_right([([1, 2, 3], [False, True, True]), ([4], [True])], pad_id=9)
+    assert ids.tolist() == [[1, 2, 3], [4, 9, 9]]
+    assert keep.tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert mask.tolist() == [[False, True, True], [True, False, False]]
+    with pytest.raises(ValueError, match=r"examples\[0\] has 2 ids but 1 mask"):
+        pad_right([([1, 2], [True])], pad_id=0)
+    with pytest.raises(ValueError, match="examples must not be empty"):
+        pad_right([], pad_id=0)
+    items = [Instruction("upper", "upper: ab", "AB"), Instruction("upper", "upper: cd", "CD"),
+             Instruction("count", "count: a", "1")]
+    assert exact_match(["AB", "cd", "1"], items) == {"upper": 0.5, "count": 1.0}
+    with pytest.raises(ValueError, match="predictions has 2 entries but items 3"):
+        exact_match(["AB", "CD"], items)
+
+
+def test_generate_answers_masks_the_answer_up_to_its_end(tokenizer):
+    from lecture_pkg.alignment import generate_answers
+    from lecture_pkg.models.gpt import GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=tokenizer.vocab_size, n_positions=32, n_embd=16,
+                          n_layer=1, n_head=2)).eval()
+    end = tokenizer.special_tokens["<|end|>"]
+    prompts = ["abc", "hij ?", "a"]
+    out = generate_answers(model, tokenizer, prompts, max_new_tokens=6)
+    width = out.ids.shape[1] - 6
+    for row, prompt in enumerate(prompts):
+        encoded = encode_chat(tokenizer, prompt)[0]
+        assert out.ids[row, width - len(encoded):width].tolist() == encoded
+        new = out.ids[row, width:].tolist()
+        cut = new.index(end) + 1 if end in new else len(new)
+        assert out.completion_mask[row, width:].tolist() == [True] * cut + [False] * (6 - cut)
+        assert not out.completion_mask[row, :width].any()
+        assert out.attention_mask[row, :width].sum() == len(encoded)
+        assert out.texts[row] == tokenizer.decode([i for i in new[:cut] if i != end])
+    # greedy answers equal the model's own generate on each prompt alone
+    alone = model.generate(torch.tensor([encode_chat(tokenizer, "a")[0]]), max_new_tokens=6,
+                           eos_token_id=end, pad_token_id=tokenizer.pad_id)[0, -6:].tolist()
+    alone = alone[:alone.index(end)] if end in alone else alone
+    assert out.texts[2] == tokenizer.decode(alone)
+    with pytest.raises(ValueError, match="prompts must be"):
+        generate_answers(model, tokenizer, "abc")
+
+
+def test_shakespeare_instructions_hold_out_training_words():
+    import re
+
+    from lecture_pkg.alignment import shakespeare_instructions
+    from lecture_pkg.data import shakespeare
+
+    train_words = set(re.findall(r"\b[a-z]+\b", shakespeare("train")))
+    held_out = shakespeare_instructions("test", 60, seed=1)
+    words = {it.prompt.split(": ", 1)[1] for it in held_out if it.task != "count"}
+    assert words and not words & train_words
+    assert held_out == shakespeare_instructions("test", 60, seed=1)
+
+
+def test_sft_checkpoint_reproduces_its_recorded_held_out_accuracy():
+    from lecture_pkg.alignment import (
+        exact_match,
+        generate_answers,
+        load_shakespeare_sft,
+        shakespeare_instructions,
+        shakespeare_sft_info,
+    )
+
+    recorded = shakespeare_sft_info()["figures"]["test"]
+    model, tok = load_shakespeare_sft()
+    items = shakespeare_instructions(recorded["split"], recorded["items"], seed=recorded["seed"])
+    got = exact_match(generate_answers(model, tok, [it.prompt for it in items]).texts, items)
+    for task, value in recorded["accuracy"].items():
+        assert got[task] == pytest.approx(value, abs=0.02), task
+    assert shakespeare_sft_info()["figures"]["steps"] >= 1
