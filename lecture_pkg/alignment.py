@@ -35,13 +35,11 @@ rewards and advantages (batch,). Masks are bool, True = the token counts.
 from __future__ import annotations
 
 import functools
-import json
 import random
 import re
 import string
 from collections import defaultdict
 from collections.abc import Collection, Sequence
-from importlib import resources
 from typing import Any, NamedTuple, Protocol
 
 import torch
@@ -50,7 +48,8 @@ from torch import Tensor
 
 from lecture_pkg.checks import check_bool_mask, check_float_tensor, check_int
 from lecture_pkg.models.gpt import GPT, next_token_loss
-from lecture_pkg.pretrained import CharTokenizer, load_shakespeare_gpt
+from lecture_pkg.pretrained import CharTokenizer, load_gpt_weights, load_shakespeare_gpt
+from lecture_pkg.shipped import shipped_info
 
 __all__ = ["CHAT_TOKENS", "INSTRUCTION_TASKS", "Instruction", "Rollout", "bradley_terry_loss",
            "completion_loss", "dpo_loss", "encode_chat", "exact_match", "generate_answers",
@@ -447,23 +446,16 @@ def exact_match(predictions: Sequence[str], items: Sequence[Instruction]) -> dic
 SFT_CHECKPOINT = "shakespeare_sft"
 
 
-@functools.cache
 def shakespeare_sft_info() -> dict[str, Any]:
     """The JSON stored beside the SFT weights: how they were trained and their held-out
     accuracy (``figures``)."""
-    path = resources.files("lecture_pkg") / "checkpoints" / f"{SFT_CHECKPOINT}.json"
-    return json.loads(path.read_text(encoding="utf-8"))
+    return shipped_info(SFT_CHECKPOINT)
 
 
 def load_shakespeare_sft(device: torch.device | str | None = None
                          ) -> tuple[GPT, CharTokenizer]:
     """The reference Shakespeare GPT after supervised fine-tuning on :func:`make_instructions`
     (float32, eval mode) and its tokenizer."""
-    from safetensors.torch import load
-
     model, tokenizer = load_shakespeare_gpt(device=device)
-    path = resources.files("lecture_pkg") / "checkpoints" / f"{SFT_CHECKPOINT}.safetensors"
-    state = load(path.read_bytes())
-    state["lm_head.weight"] = state["wte.weight"]  # tied: stored once
-    model.load_state_dict({k: v.float() for k, v in state.items()})
+    load_gpt_weights(model, SFT_CHECKPOINT)
     return model.eval(), tokenizer

@@ -16,11 +16,8 @@ The context (block size) is ``model.config.n_positions`` (also ``model.context_l
 
 from __future__ import annotations
 
-import functools
-import json
 import re
 from collections.abc import Iterable, Sequence
-from importlib import resources
 from typing import Any
 
 import numpy as np
@@ -29,6 +26,7 @@ from torch import Tensor
 
 from lecture_pkg.checks import check_int
 from lecture_pkg.models.gpt import GPT, GPTConfig, next_token_loss
+from lecture_pkg.shipped import shipped_info, shipped_state
 
 __all__ = ["SPECIAL_TOKENS", "CharTokenizer", "eval_starts", "load_shakespeare_gpt",
            "nats_per_char", "shakespeare_gpt_info"]
@@ -130,26 +128,27 @@ def nats_per_char(model: GPT, ids: Tensor, starts: Sequence[int], length: int,
     return total / count
 
 
-@functools.cache
 def shakespeare_gpt_info() -> dict[str, Any]:
     """The JSON stored beside the weights: ``config`` (GPTConfig fields), ``chars`` and
     ``special_tokens`` (the vocabulary), ``figures`` (held-out losses, training time, the
     command), ``history`` (the training curve)."""
-    path = resources.files("lecture_pkg") / "checkpoints" / f"{CHECKPOINT}.json"
-    return json.loads(path.read_text(encoding="utf-8"))
+    return shipped_info(CHECKPOINT)
 
 
 def load_shakespeare_gpt(device: torch.device | str | None = None
                          ) -> tuple[GPT, CharTokenizer]:
     """The reference character GPT (float32, eval mode, on ``device``; default CPU) and its
     tokenizer. The weights are stored in float16 and read with safetensors."""
-    from safetensors.torch import load
-
     info = shakespeare_gpt_info()
     tokenizer = CharTokenizer(info["chars"], info["special_tokens"])
     model = GPT(GPTConfig(**info["config"]), device=device)
-    path = resources.files("lecture_pkg") / "checkpoints" / f"{CHECKPOINT}.safetensors"
-    state = load(path.read_bytes())
-    state["lm_head.weight"] = state["wte.weight"]  # tied: stored once
-    model.load_state_dict({k: v.float() for k, v in state.items()})
+    load_gpt_weights(model, CHECKPOINT)
     return model.eval(), tokenizer
+
+
+def load_gpt_weights(model: GPT, name: str) -> None:
+    """Load shipped checkpoint ``name`` into ``model``; the output layer is tied to the token
+    embedding, so it is stored once, as ``wte.weight``."""
+    state = shipped_state(name)
+    state["lm_head.weight"] = state["wte.weight"]
+    model.load_state_dict(state)

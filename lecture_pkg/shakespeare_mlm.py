@@ -14,11 +14,8 @@ a masked LM has to beat, and the book's small pretrained BERT.
 
 from __future__ import annotations
 
-import functools
-import json
 import re
 from collections.abc import Iterable
-from importlib import resources
 from typing import Any
 
 import torch
@@ -28,6 +25,7 @@ from torch import Tensor
 from lecture_pkg.checks import check_int
 from lecture_pkg.masks import IGNORE_INDEX, mlm_mask
 from lecture_pkg.models.bert import BertConfig, BertForPreTraining
+from lecture_pkg.shipped import shipped_info, shipped_state
 
 __all__ = ["CHECKPOINT", "MASK", "PAD", "SPECIALS", "UNK", "CountRules", "MLMChars",
            "held_out_batch", "load_shakespeare_bert", "masked_accuracy", "mlm_predict",
@@ -199,23 +197,17 @@ def mlm_predict(model: BertForPreTraining, inputs: Tensor, batch_size: int = 256
     return torch.cat(out)
 
 
-@functools.cache
 def shakespeare_bert_info() -> dict[str, Any]:
     """The JSON stored beside the weights: ``config`` (BertConfig fields), ``chars``,
     ``figures`` (the held-out accuracies, the recipe, the command, the time)."""
-    path = resources.files("lecture_pkg") / "checkpoints" / f"{CHECKPOINT}.json"
-    return json.loads(path.read_text(encoding="utf-8"))
+    return shipped_info(CHECKPOINT)
 
 
 def load_shakespeare_bert(device: torch.device | str | None = None
                           ) -> tuple[BertForPreTraining, MLMChars]:
     """The book's character-level BERT (float32, eval mode, on ``device``; default CPU) and its
     vocabulary. The weights are stored in float16 and read with safetensors."""
-    from safetensors.torch import load
-
     info = shakespeare_bert_info()
     model = BertForPreTraining(BertConfig(**info["config"]), device=device)
-    path = resources.files("lecture_pkg") / "checkpoints" / f"{CHECKPOINT}.safetensors"
-    state = {k: v.float() for k, v in load(path.read_bytes()).items()}
-    model.load_state_dict(state)
+    model.load_state_dict(shipped_state(CHECKPOINT))
     return model.eval(), MLMChars(info["chars"])

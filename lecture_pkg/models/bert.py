@@ -179,21 +179,27 @@ class BertModel(_BertInterop, nn.Module):
     def __init__(self, config: BertConfig, device: torch.device | str | None = None,
                  dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        if config.activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, "
-                             f"got {config.activation!r}")
         factory = {"device": device, "dtype": dtype}
         self.config = config
         d = config.hidden_size
-        self.token = nn.Embedding(config.vocab_size, d, padding_idx=config.pad_token_id,
-                                  **factory)
-        self.position = nn.Embedding(config.max_positions, d, **factory)
-        self.segment = nn.Embedding(config.type_vocab_size, d, **factory)
-        self.embed_norm = nn.LayerNorm(d, eps=config.eps, **factory)
-        self.dropout = nn.Dropout(config.dropout)
+        self.build_embeddings(config, d, factory)
         self.layers = encoder_layers(config, **factory)
         self.pooler = nn.Linear(d, d, **factory)
         self.apply(init_bert_weights)
+
+    def build_embeddings(self, config: Any, width: int, factory: dict[str, Any]) -> None:
+        """Check ``config.activation``, then build the token, position and segment tables of
+        ``width``, their LayerNorm and the dropout (shared with ELECTRA, whose embeddings are
+        BERT's at their own width)."""
+        if config.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, "
+                             f"got {config.activation!r}")
+        self.token = nn.Embedding(config.vocab_size, width, padding_idx=config.pad_token_id,
+                                  **factory)
+        self.position = nn.Embedding(config.max_positions, width, **factory)
+        self.segment = nn.Embedding(config.type_vocab_size, width, **factory)
+        self.embed_norm = nn.LayerNorm(width, eps=config.eps, **factory)
+        self.dropout = nn.Dropout(config.dropout)
 
     def embed(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         """Token + position + segment embeddings, normalised: (batch, t) -> (batch, t, hidden)."""

@@ -22,10 +22,8 @@ boxes (batch, queries, 4).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any, Literal, NamedTuple
 
 import torch
@@ -35,6 +33,7 @@ from lecture_pkg.checks import check_int
 from lecture_pkg.detection import average_precision, detr_loss
 from lecture_pkg.layers import DecoderLayer, EncoderLayer
 from lecture_pkg.models.vit import check_pixels
+from lecture_pkg.shipped import shipped_info, shipped_state
 
 __all__ = ["DETR", "DETRConfig", "DETROutput", "Backbone", "detection_ap", "load_shapes_detr",
            "set_loss", "sine_positions_2d"]
@@ -240,10 +239,7 @@ def load_shapes_detr() -> tuple[DETR, dict[str, Any]]:
     """The DETR trained longer on :func:`lecture_pkg.detection.synthetic_shapes` by
     ``scripts/train_detr.py`` (eval mode, CPU) and the JSON stored beside it: ``config``, the
     training settings and data seeds, ``seconds`` and ``heldout_ap50``."""
-    from safetensors.torch import load
-
-    folder = resources.files("lecture_pkg") / "checkpoints"
-    info = json.loads((folder / f"{CHECKPOINT}.json").read_text(encoding="utf-8"))
+    info = shipped_info(CHECKPOINT)
     model = DETR(DETRConfig(**info["config"]))
-    model.load_state_dict(load((folder / f"{CHECKPOINT}.safetensors").read_bytes()))
+    model.load_state_dict(shipped_state(CHECKPOINT))
     return model.eval(), info

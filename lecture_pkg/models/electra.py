@@ -97,22 +97,15 @@ class ElectraModel(_ElectraInterop, nn.Module):
     HF_CLASS = "ElectraModel"
     NAMES = _ELECTRA_NAMES
     embed = BertModel.embed  # token + position + segment, LayerNorm, dropout
+    build_embeddings = BertModel.build_embeddings
 
     def __init__(self, config: ElectraConfig, device: torch.device | str | None = None,
                  dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        if config.activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, "
-                             f"got {config.activation!r}")
         factory = {"device": device, "dtype": dtype}
         self.config = config
         e, d = config.embedding_size, config.hidden_size
-        self.token = nn.Embedding(config.vocab_size, e, padding_idx=config.pad_token_id,
-                                  **factory)
-        self.position = nn.Embedding(config.max_positions, e, **factory)
-        self.segment = nn.Embedding(config.type_vocab_size, e, **factory)
-        self.embed_norm = nn.LayerNorm(e, eps=config.eps, **factory)
-        self.dropout = nn.Dropout(config.dropout)
+        self.build_embeddings(config, e, factory)
         self.project = nn.Linear(e, d, **factory) if e != d else None
         self.layers = encoder_layers(config, **factory)
         self.apply(init_bert_weights)

@@ -1,0 +1,41 @@
+"""Weights shipped inside the package, in ``lecture_pkg/checkpoints/``.
+
+Each checkpoint is a pair: ``<name>.safetensors`` (the tensors, float16 where that loses nothing
+the book measures) and ``<name>.json`` (the facts about it: configuration, vocabulary, how it
+was trained, its recorded held-out figures). The loaders of the individual models
+(:func:`lecture_pkg.pretrained.load_shakespeare_gpt` and the like) read both through here, with
+safetensors only, so no pickled code is ever run.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from importlib import resources
+from typing import Any
+
+from torch import Tensor
+
+
+def _path(name: str, suffix: str):
+    if not name or "/" in name or "\\" in name or name.startswith("."):
+        raise ValueError(f"name must be a checkpoint's bare name, got {name!r}")
+    path = resources.files("lecture_pkg") / "checkpoints" / f"{name}.{suffix}"
+    if not path.is_file():
+        raise FileNotFoundError(f"no shipped checkpoint file {name}.{suffix} in "
+                                "lecture_pkg/checkpoints")
+    return path
+
+
+@functools.cache
+def shipped_info(name: str) -> dict[str, Any]:
+    """The JSON stored beside the weights of checkpoint ``name``. Cached: treat it as read-only."""
+    return json.loads(_path(name, "json").read_text(encoding="utf-8"))
+
+
+def shipped_state(name: str) -> dict[str, Tensor]:
+    """The tensors of checkpoint ``name`` as float32 (integer tensors keep their dtype)."""
+    from safetensors.torch import load
+
+    state = load(_path(name, "safetensors").read_bytes())
+    return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}

@@ -1,0 +1,36 @@
+"""The shipped-checkpoint reader: every checkpoint in the package has its JSON, loads with
+safetensors as float32, and bad names are refused."""
+
+from importlib import resources
+
+import pytest
+import torch
+
+from lecture_pkg.shipped import shipped_info, shipped_state
+
+NAMES = sorted(p.name.removesuffix(".safetensors")
+               for p in (resources.files("lecture_pkg") / "checkpoints").iterdir()
+               if p.name.endswith(".safetensors"))
+
+
+def test_the_book_ships_its_checkpoints():
+    assert {"shakespeare_gpt", "shakespeare_bert", "shakespeare_sft", "detr_shapes"} <= set(NAMES)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_checkpoint_has_facts_and_float32_tensors(name):
+    assert isinstance(shipped_info(name), dict) and shipped_info(name)
+    state = shipped_state(name)
+    assert state and all(v.dtype == torch.float32 for v in state.values()
+                         if v.is_floating_point())
+
+
+@pytest.mark.parametrize("name", ["", "../pyproject", "a/b", ".hidden"])
+def test_bad_names_are_refused(name):
+    with pytest.raises(ValueError, match="name"):
+        shipped_info(name)
+
+
+def test_a_missing_checkpoint_is_named():
+    with pytest.raises(FileNotFoundError, match="no_such_model"):
+        shipped_state("no_such_model")
