@@ -1,0 +1,116 @@
+"""Span corruption on the bytes of Shakespeare, as chapter 7.4 pretrains its small T5: the
+byte vocabulary, the batches (64-byte chunks, T5's noise 0.15 and mean span 3, corrupted afresh
+at every use), the teacher-forced held-out evaluation, and the book's small pretrained T5.
+
+::
+
+    from lecture_pkg.shakespeare_t5 import held_out_batches, load_shakespeare_t5, t5_eval
+    model = load_shakespeare_t5()                # T5 (eval mode)
+    figures = t5_eval(model, held_out_batches())  # {"dropped bytes accuracy": ..., ...}
+
+``scripts/train_t5.py --export lecture_pkg/checkpoints`` writes the two checkpoint files.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lecture_pkg.checks import check_int
+from lecture_pkg.data import shakespeare
+from lecture_pkg.masks import T5_SENTINELS, apply_span_corruption, random_spans
+from lecture_pkg.models.t5 import T5, T5Config, shift_right
+from lecture_pkg.shipped import shipped_info, shipped_state
+
+__all__ = ["CHECKPOINT", "CHUNK", "EOS", "HELD_OUT_SEED", "NOISE", "NUM_SENTINELS", "PAD",
+           "SENTINEL_IDS", "VOCAB", "held_out_batches", "load_shakespeare_t5",
+           "shakespeare_t5_info", "small_config", "t5_batch", "t5_eval", "to_chunks"]
+
+PAD, EOS, NUM_SENTINELS, CHUNK, NOISE, MEAN_SPAN = 0, 1, 16, 64, 0.15, 3.0
+CHECKPOINT = "shakespeare_t5"
+HELD_OUT_SEED = 1000  # the one fixed corruption of the held-out chunks
+_BYTE_NAMES = [chr(b) if 32 < b < 127 else "␣" if b == 32 else f"x{b:02x}" for b in range(256)]
+VOCAB = ["<pad>", "</s>", *_BYTE_NAMES, *T5_SENTINELS[:NUM_SENTINELS]]
+SENTINEL_IDS = list(range(len(VOCAB) - NUM_SENTINELS, len(VOCAB)))
+
+
+def to_chunks(text: str) -> Tensor:
+    """(n_chunks, CHUNK) ids: the UTF-8 bytes shifted by 2 (after <pad> and </s>); the tail
+    that does not fill a chunk is dropped."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    ids = torch.tensor(list(text.encode("utf-8"))) + 2
+    return ids[: len(ids) // CHUNK * CHUNK].view(-1, CHUNK)
+
+
+def t5_batch(pool: Tensor, size: int, gen: torch.Generator) -> tuple[Tensor, ...]:
+    """(inputs, labels, chunks, noise) for ``size`` chunks drawn from ``pool``:
+    inputs (size, CHUNK - N + S + 1) and labels (size, N + S + 1) end with </s>; noise
+    (size, CHUNK) marks the dropped bytes. N = round(0.15 * CHUNK) noise bytes in
+    S = round(N / 3) spans, so no row needs padding."""
+    check_int("size", size, minimum=1)
+    if pool.ndim != 2 or pool.shape[1] != CHUNK:
+        raise ValueError(f"pool must have shape (n, {CHUNK}), got {tuple(pool.shape)}")
+    chunks = pool[torch.randint(len(pool), (size,), generator=gen)]
+    inputs, labels = [], []
+    noise = torch.zeros(size, CHUNK, dtype=torch.bool)
+    for row, chunk in enumerate(chunks):
+        spans = random_spans(CHUNK, NOISE, MEAN_SPAN, generator=gen)
+        inp, tgt = apply_span_corruption(chunk, spans, SENTINEL_IDS)
+        inputs.append([*inp, EOS])
+        labels.append([*tgt, EOS])
+        for start, end in spans:
+            noise[row, start:end] = True
+    return torch.tensor(inputs), torch.tensor(labels), chunks, noise
+
+
+def held_out_batches(batches: int = 8, size: int = 64,
+                     seed: int = HELD_OUT_SEED) -> list[tuple[Tensor, ...]]:
+    """The chapter's held-out evaluation: ``batches`` batches of ``size`` chunks of the test
+    works, drawn and corrupted by one generator seeded with ``seed``."""
+    check_int("batches", batches, minimum=1)
+    pool = to_chunks(shakespeare("test"))
+    gen = torch.Generator().manual_seed(seed)
+    return [t5_batch(pool, size, gen) for _ in range(batches)]
+
+
+@torch.no_grad()
+def t5_eval(model: T5, batches: list[tuple[Tensor, ...]]) -> dict[str, float]:
+    """Teacher-forced held-out accuracy: at a dropped byte the most probable byte, at a
+    sentinel or </s> the most probable token of the whole vocabulary."""
+    hit = {"dropped bytes": 0, "sentinels": 0, "</s>": 0}
+    total = dict.fromkeys(hit, 0)
+    device = next(model.parameters()).device
+    for inputs, labels, *_ in batches:
+        logits = model(inputs.to(device), shift_right(labels).to(device)).logits.cpu()
+        is_byte = (labels >= 2) & (labels < SENTINEL_IDS[0])
+        byte_guess = logits[..., 2:SENTINEL_IDS[0]].argmax(-1) + 2
+        right = torch.where(is_byte, byte_guess, logits.argmax(-1)) == labels
+        kinds = {"dropped bytes": is_byte, "sentinels": labels >= SENTINEL_IDS[0],
+                 "</s>": labels == EOS}
+        for kind, where in kinds.items():
+            hit[kind] += right[where].sum().item()
+            total[kind] += where.sum().item()
+    return {f"{kind} accuracy": hit[kind] / total[kind] for kind in hit}
+
+
+def small_config() -> T5Config:
+    """The chapter's small T5: 2 + 2 layers of width 128, 4 heads, no dropout."""
+    return T5Config(vocab_size=len(VOCAB), d_model=128, d_ff=512, num_layers=2,
+                    num_decoder_layers=2, num_heads=4, dropout=0.0)
+
+
+def shakespeare_t5_info() -> dict[str, Any]:
+    """The JSON stored beside the weights: ``config`` (T5Config fields), ``figures`` (held-out
+    accuracies, training time, the command, the training curve)."""
+    return shipped_info(CHECKPOINT)
+
+
+def load_shakespeare_t5(device: torch.device | str | None = None) -> T5:
+    """The small byte-level T5 pretrained longer (float32, eval mode, on ``device``; default
+    CPU). The weights are stored in float16 and read with safetensors."""
+    model = T5(T5Config(**shakespeare_t5_info()["config"]))
+    model.load_state_dict(shipped_state(CHECKPOINT))
+    return model.to(device or "cpu").eval()

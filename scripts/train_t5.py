@@ -1,0 +1,127 @@
+"""Pretrain the book's small byte-level T5 on Shakespeare with span corruption, exactly as
+chapter 7.4 does live (same model, same batches, Adafactor with the same relative-step cap,
+warmup over the first tenth and a cosine decay), only for more steps.
+
+The book's checkpoint (``lecture_pkg/checkpoints/shakespeare_t5.*``), on one CPU thread::
+
+    OMP_NUM_THREADS=1 python scripts/train_t5.py --steps 4000 \\
+        --export lecture_pkg/checkpoints
+
+Training reads the 34 training works; the recorded figures are the chapter's teacher-forced
+held-out accuracies (:func:`lecture_pkg.shakespeare_t5.t5_eval`) on its held-out evaluation
+(:func:`lecture_pkg.shakespeare_t5.held_out_batches`, 8 x 64 chunks of the test works), and on
+a smaller slice (the first ``CHECK_BATCHES`` batches) that a unit test re-evaluates. Both are
+those of the float16 weights. Every evaluation overwrites the export, so the latest one is
+always usable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from lecture_pkg.data import shakespeare
+from lecture_pkg.models.t5 import T5, shift_right, t5_loss
+from lecture_pkg.shakespeare_t5 import (
+    CHECKPOINT,
+    held_out_batches,
+    small_config,
+    t5_batch,
+    t5_eval,
+    to_chunks,
+)
+from lecture_pkg.training import train, warmup_cosine
+
+CHECK_BATCHES = 2
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=4000)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=2e-2, help="Adafactor's relative-step cap")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eval-every", type=int, default=0, help="0: every steps // 8")
+    parser.add_argument("--export", default=None, help="folder for the checkpoint files")
+    return parser.parse_args(argv)
+
+
+def export(model: T5, folder: Path, figures: dict, held_out: list) -> dict:
+    """Write float16 weights and the JSON; the held-out figures are those of the float16
+    model."""
+    from safetensors.torch import save_file
+
+    state = {k: v.detach().cpu().half().clone() for k, v in model.state_dict().items()}
+    reloaded = T5(model.config)
+    reloaded.load_state_dict({k: v.float() for k, v in state.items()})
+    reloaded.eval()
+    figures["test"] = t5_eval(reloaded, held_out)
+    figures["check_slice"] = {"batches": CHECK_BATCHES,
+                              **t5_eval(reloaded, held_out[:CHECK_BATCHES])}
+    info = {"config": asdict(model.config), "figures": figures}
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(folder / f"{CHECKPOINT}.safetensors"))
+    (folder / f"{CHECKPOINT}.json").write_text(json.dumps(info, indent=1) + "\n")
+    return figures["test"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    train_chunks = to_chunks(shakespeare("train"))
+    held_out = held_out_batches()
+    torch.manual_seed(args.seed)
+    model = T5(small_config())
+
+    def batches(step: int) -> tuple:  # the chapter's: a fresh corruption every step
+        return t5_batch(train_chunks, args.batch_size,
+                        torch.Generator().manual_seed(args.seed * 1_000_003 + step))
+
+    def loss_fn(m: T5, batch: tuple) -> torch.Tensor:
+        inputs, labels = batch[0], batch[1]
+        return t5_loss(m(inputs, shift_right(labels)).logits, labels)
+
+    eval_every = args.eval_every or max(1, args.steps // 8)
+    command = "python scripts/train_t5.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=Path(__file__).parent).stdout.strip()
+    curve: dict[str, list] = {"steps": [], "dropped_bytes_accuracy": []}
+    began = time.perf_counter()
+
+    def evaluate(m: torch.nn.Module) -> dict[str, float]:
+        step = min((len(curve["steps"]) + 1) * eval_every, args.steps)
+        figures = t5_eval(model, held_out)
+        curve["steps"].append(step)
+        curve["dropped_bytes_accuracy"].append(figures["dropped bytes accuracy"])
+        if args.export:
+            record = {"steps": step, "batch_size": args.batch_size, "lr": args.lr,
+                      "optimizer": "Adafactor, warmup_cosine(steps // 10, steps), no clipping",
+                      "params": sum(p.numel() for p in model.parameters()),
+                      "threads": torch.get_num_threads(),
+                      "train_seconds": round(time.perf_counter() - began, 1),
+                      "command": command, "commit": commit,
+                      "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                      "history": curve}
+            test = export(model, Path(args.export), record, held_out)
+            print(f"step {step}: {test}, {record['train_seconds']} s", flush=True)
+        return figures
+
+    optimizer = torch.optim.Adafactor(model.parameters(), lr=args.lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, warmup_cosine(args.steps // 10, args.steps))
+    history = train(model, batches, loss_fn, steps=args.steps, optimizer=optimizer,
+                    scheduler=scheduler, clip_grad_norm=None, eval_fn=evaluate,
+                    eval_every=eval_every, log_every=max(1, args.steps // 40),
+                    progress=args.export is None)
+    print(f"final train loss {history.losses[-1]:.4f}, {history.evals[-1]}, "
+          f"{history.seconds:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""lecture_pkg.shakespeare_t5: the byte vocabulary, the span-corruption batches (checked by
+rebuilding each chunk from its input and target) and the shipped checkpoint's recorded held-out
+figure."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lecture_pkg.shakespeare_t5 import (
+    CHUNK,
+    EOS,
+    SENTINEL_IDS,
+    VOCAB,
+    held_out_batches,
+    load_shakespeare_t5,
+    shakespeare_t5_info,
+    t5_batch,
+    t5_eval,
+    to_chunks,
+)
+
+
+def test_vocabulary_and_chunks() -> None:
+    assert len(VOCAB) == 2 + 256 + 16 and VOCAB[SENTINEL_IDS[0]] == "<extra_id_0>"
+    chunks = to_chunks("a" * (CHUNK + 5))
+    assert chunks.shape == (1, CHUNK) and (chunks == ord("a") + 2).all()
+    with pytest.raises(ValueError, match="pool"):
+        t5_batch(chunks[:, :10], 2, torch.Generator())
+
+
+def _rebuild(inputs: list[int], labels: list[int]) -> list[int]:
+    """Plain-Python reference: put each span of the target back at its sentinel."""
+    spans, current = {}, None
+    for token in labels[:-1]:
+        if token in SENTINEL_IDS:
+            current = token
+            spans[current] = []
+        else:
+            spans[current].append(token)
+    out = []
+    for token in inputs[:-1]:
+        out += spans[token] if token in SENTINEL_IDS else [token]
+    return out
+
+
+def test_batches_rebuild_their_chunks_and_mark_the_noise() -> None:
+    pool = torch.randint(2, 258, (50, CHUNK))
+    inputs, labels, chunks, noise = t5_batch(pool, 8, torch.Generator().manual_seed(3))
+    assert (inputs[:, -1] == EOS).all() and (labels[:, -1] == EOS).all()
+    for row in range(8):
+        assert _rebuild(inputs[row].tolist(), labels[row].tolist()) == chunks[row].tolist()
+        dropped = [t for t in labels[row, :-1].tolist() if t not in SENTINEL_IDS]
+        assert dropped == chunks[row][noise[row]].tolist()
+        assert labels[row, -2].item() not in SENTINEL_IDS  # T5's sampler ends on a span
+
+
+def test_shipped_checkpoint_reproduces_its_recorded_figure() -> None:
+    model = load_shakespeare_t5()
+    figures = shakespeare_t5_info()["figures"]
+    check = figures["check_slice"]
+    got = t5_eval(model, held_out_batches()[: check["batches"]])
+    for kind, value in got.items():
+        assert value == pytest.approx(check[kind], abs=1e-3), kind
+    assert figures["test"]["</s> accuracy"] > 0.5 and figures["test"]["sentinels accuracy"] > 0.5
