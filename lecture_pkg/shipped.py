@@ -12,14 +12,19 @@ from __future__ import annotations
 import functools
 import json
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from torch import Tensor
 
 
-def _path(name: str, suffix: str):
+def _check_name(name: str) -> None:
     if not name or "/" in name or "\\" in name or name.startswith("."):
         raise ValueError(f"name must be a checkpoint's bare name, got {name!r}")
+
+
+def _path(name: str, suffix: str):
+    _check_name(name)
     path = resources.files("lecture_pkg") / "checkpoints" / f"{name}.{suffix}"
     if not path.is_file():
         raise FileNotFoundError(f"no shipped checkpoint file {name}.{suffix} in "
@@ -39,3 +44,19 @@ def shipped_state(name: str) -> dict[str, Tensor]:
 
     state = load(_path(name, "safetensors").read_bytes())
     return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
+
+
+def save_shipped(folder: str | Path, name: str, state: dict[str, Tensor],
+                 info: dict[str, Any]) -> None:
+    """Write checkpoint ``name`` into ``folder`` (created if missing): ``state`` as safetensors
+    (moved to the CPU, made contiguous, dtypes kept: cast to float16 before calling to ship
+    half precision) and ``info`` as indented JSON. The scripts in ``scripts/`` write the
+    shipped checkpoints with it; :func:`shipped_state` and :func:`shipped_info` read them."""
+    from safetensors.torch import save_file
+
+    _check_name(name)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().cpu().contiguous() for k, v in state.items()},
+              str(folder / f"{name}.safetensors"))
+    (folder / f"{name}.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")

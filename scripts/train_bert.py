@@ -39,6 +39,7 @@ from lecture_pkg.shakespeare_mlm import (
     mlm_predict,
     random_batch,
 )
+from lecture_pkg.shipped import save_shipped
 from lecture_pkg.training import adamw, train, warmup_cosine
 
 VAL_WINDOWS = 256
@@ -78,8 +79,6 @@ def mlm_loss(model: BertForPreTraining, batch: tuple[torch.Tensor, torch.Tensor]
 def export(model: BertForPreTraining, vocab: MLMChars, rules: CountRules, folder: Path,
            figures: dict, args: argparse.Namespace) -> dict:
     """Write float16 weights and the JSON; the held-out figures are those of the float16 model."""
-    from safetensors.torch import save_file
-
     state = {k: v.detach().cpu().half().contiguous() for k, v in model.state_dict().items()}
     reloaded = BertForPreTraining(model.config)
     reloaded.load_state_dict({k: v.float() for k, v in state.items()})
@@ -95,9 +94,7 @@ def export(model: BertForPreTraining, vocab: MLMChars, rules: CountRules, folder
             slice_figures[rule] = masked_accuracy(rules.predict(inputs, rule), labels)
         figures[f"{name}_slice"] = slice_figures
     info = {"config": asdict(model.config), "chars": vocab.chars, "figures": figures}
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file(state, str(folder / f"{CHECKPOINT}.safetensors"))
-    (folder / f"{CHECKPOINT}.json").write_text(json.dumps(info, indent=1) + "\n")
+    save_shipped(folder, CHECKPOINT, state, info)
     return figures["test_slice"]
 
 

@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import time
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from lecture_pkg import seed_everything
 from lecture_pkg.detection import synthetic_shapes
 from lecture_pkg.models.detr import DETR, DETRConfig, detection_ap, set_loss
+from lecture_pkg.shipped import save_shipped
 from lecture_pkg.training import adamw, warmup_cosine
 
 OUT = Path(__file__).resolve().parent.parent / "lecture_pkg" / "checkpoints"
@@ -64,14 +63,11 @@ def main() -> None:
     seconds = time.perf_counter() - began
     ap = detection_ap(model, test.images, test.boxes, test.classes)
     print("held-out", ap)
-    OUT.mkdir(exist_ok=True)
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()},
-              OUT / f"{args.name}.safetensors")
     meta = {"config": dataclasses.asdict(config), "steps": args.steps, "batch": args.batch,
             "lr": args.lr, "train_n": args.train_n, "train_seed": TRAIN_SEED,
             "test_seed": TEST_SEED, "test_n": TEST_N, "seconds": round(seconds),
             "threads": 1, "heldout_ap50": ap["ap"]}
-    (OUT / f"{args.name}.json").write_text(json.dumps(meta, indent=1) + "\n")
+    save_shipped(OUT, args.name, model.state_dict(), meta)
 
 
 if __name__ == "__main__":

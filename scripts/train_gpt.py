@@ -30,7 +30,6 @@ the latest export is always usable.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import time
@@ -43,6 +42,7 @@ import torch.distributed as dist
 from lecture_pkg.data import shakespeare
 from lecture_pkg.models.gpt import GPT, GPTConfig, lm_batches, next_token_loss
 from lecture_pkg.pretrained import CHECKPOINT, CharTokenizer, eval_starts, nats_per_char
+from lecture_pkg.shipped import save_shipped
 from lecture_pkg.training import adamw, distributed_setup, train, warmup_cosine, wrap_ddp
 
 EVAL_WINDOWS = 64  # validation windows per evaluation during training
@@ -77,11 +77,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def export(model: GPT, tokenizer: CharTokenizer, folder: Path, figures: dict,
            history: dict) -> float:
     """Write the float16 weights and the JSON; returns the test figure of the float16 model."""
-    from safetensors.torch import save_file
-
     state = {k: v.detach().cpu().half().contiguous() for k, v in model.state_dict().items()
              if k != "lm_head.weight"}  # tied to wte.weight
-    folder.mkdir(parents=True, exist_ok=True)
     reloaded = GPT(model.config)
     full = {k: v.float() for k, v in state.items()}
     reloaded.load_state_dict({**full, "lm_head.weight": full["wte.weight"]})
@@ -96,8 +93,7 @@ def export(model: GPT, tokenizer: CharTokenizer, folder: Path, figures: dict,
     info = {"config": asdict(model.config), "chars": tokenizer.chars,
             "special_tokens": list(tokenizer.special_tokens), "figures": figures,
             "history": history}
-    save_file(state, str(folder / f"{CHECKPOINT}.safetensors"))
-    (folder / f"{CHECKPOINT}.json").write_text(json.dumps(info, indent=1) + "\n")
+    save_shipped(folder, CHECKPOINT, state, info)
     return figures["test_slice"]["nats_per_char"]
 
 

@@ -35,6 +35,7 @@ from lecture_pkg.alignment import (
 )
 from lecture_pkg.models.gpt import GPT
 from lecture_pkg.pretrained import load_shakespeare_gpt, shakespeare_gpt_info
+from lecture_pkg.shipped import save_shipped
 
 TEST_ITEMS, TEST_SEED = 300, 1  # the recorded held-out set
 
@@ -63,8 +64,6 @@ def held_out_accuracy(model: GPT, tokenizer) -> dict[str, float]:
 
 def export(model: GPT, tokenizer, folder: Path, figures: dict) -> dict[str, float]:
     """Write float16 weights and the JSON; returns the held-out accuracy of the float16 model."""
-    from safetensors.torch import save_file
-
     state = {k: v.detach().cpu().half().contiguous() for k, v in model.state_dict().items()
              if k != "lm_head.weight"}  # tied to wte.weight
     half = GPT(model.config)
@@ -72,9 +71,7 @@ def export(model: GPT, tokenizer, folder: Path, figures: dict) -> dict[str, floa
                           "lm_head.weight": state["wte.weight"].float()})
     figures["test"] = {"split": "test", "items": TEST_ITEMS, "seed": TEST_SEED,
                        "accuracy": held_out_accuracy(half, tokenizer)}
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file(state, str(folder / f"{SFT_CHECKPOINT}.safetensors"))
-    (folder / f"{SFT_CHECKPOINT}.json").write_text(json.dumps({"figures": figures}, indent=1))
+    save_shipped(folder, SFT_CHECKPOINT, state, {"figures": figures})
     return figures["test"]["accuracy"]
 
 

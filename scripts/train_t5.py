@@ -18,7 +18,6 @@ always usable.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import time
@@ -37,6 +36,7 @@ from lecture_pkg.shakespeare_t5 import (
     t5_eval,
     to_chunks,
 )
+from lecture_pkg.shipped import save_shipped
 from lecture_pkg.training import train, warmup_cosine
 
 CHECK_BATCHES = 2
@@ -56,8 +56,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def export(model: T5, folder: Path, figures: dict, held_out: list) -> dict:
     """Write float16 weights and the JSON; the held-out figures are those of the float16
     model."""
-    from safetensors.torch import save_file
-
     state = {k: v.detach().cpu().half().clone() for k, v in model.state_dict().items()}
     reloaded = T5(model.config)
     reloaded.load_state_dict({k: v.float() for k, v in state.items()})
@@ -66,9 +64,7 @@ def export(model: T5, folder: Path, figures: dict, held_out: list) -> dict:
     figures["check_slice"] = {"batches": CHECK_BATCHES,
                               **t5_eval(reloaded, held_out[:CHECK_BATCHES])}
     info = {"config": asdict(model.config), "figures": figures}
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file(state, str(folder / f"{CHECKPOINT}.safetensors"))
-    (folder / f"{CHECKPOINT}.json").write_text(json.dumps(info, indent=1) + "\n")
+    save_shipped(folder, CHECKPOINT, state, info)
     return figures["test"]
 
 

@@ -1,12 +1,13 @@
 """The shipped-checkpoint reader: every checkpoint in the package has its JSON, loads with
 safetensors as float32, and bad names are refused."""
 
+import json
 from importlib import resources
 
 import pytest
 import torch
 
-from lecture_pkg.shipped import shipped_info, shipped_state
+from lecture_pkg.shipped import save_shipped, shipped_info, shipped_state
 
 NAMES = sorted(p.name.removesuffix(".safetensors")
                for p in (resources.files("lecture_pkg") / "checkpoints").iterdir()
@@ -34,3 +35,18 @@ def test_bad_names_are_refused(name):
 def test_a_missing_checkpoint_is_named():
     with pytest.raises(FileNotFoundError, match="no_such_model"):
         shipped_state("no_such_model")
+
+
+def test_save_shipped_writes_what_the_readers_expect(tmp_path):
+    from safetensors.torch import load_file
+
+    state = {"w": torch.arange(6.0).reshape(2, 3).t().half(), "n": torch.tensor([1, 2])}
+    save_shipped(tmp_path / "out", "toy", state, {"figures": {"loss": 1.5}})
+    loaded = load_file(str(tmp_path / "out" / "toy.safetensors"))
+    assert loaded.keys() == state.keys()
+    assert loaded["w"].dtype == torch.float16 and torch.equal(loaded["w"], state["w"])
+    assert torch.equal(loaded["n"], state["n"])
+    text = (tmp_path / "out" / "toy.json").read_text()
+    assert json.loads(text) == {"figures": {"loss": 1.5}} and text.endswith("\n")
+    with pytest.raises(ValueError, match="name"):
+        save_shipped(tmp_path, "../escape", state, {})
