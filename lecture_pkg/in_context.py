@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from lecture_pkg.alignment import pad_right, sequence_logprobs
 from lecture_pkg.checks import check_float_tensor, check_int
 from lecture_pkg.kernel_regression import nadaraya_watson
 from lecture_pkg.layers import EncoderLayer
@@ -44,16 +45,12 @@ def answer_logprob(model: nn.Module, prompts: list[list[int]], answers: list[lis
                          f"{len(prompts)} and {len(answers)}")
     if any(len(p) == 0 for p in prompts) or any(len(a) == 0 for a in answers):
         raise ValueError("prompts and answers must each hold at least one token")
-    width = max(len(p) + len(a) for p, a in zip(prompts, answers))
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    scored = torch.zeros(len(prompts), width, dtype=torch.bool)  # True at answer tokens
-    for i, (p, a) in enumerate(zip(prompts, answers)):
-        ids[i, :len(p) + len(a)] = torch.tensor(list(p) + list(a))
-        scored[i, len(p):len(p) + len(a)] = True
+    # right padding: a causal model's scores of a sequence cannot see the padding after it
+    ids, _, scored = pad_right([(list(p) + list(a), [False] * len(p) + [True] * len(a))
+                                for p, a in zip(prompts, answers)], pad_id)
     device = next(model.parameters()).device
-    logits = model(ids.to(device)).logits[:, :-1].float().cpu()  # position t predicts t + 1
-    token_logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-    return (token_logp * scored[:, 1:]).sum(-1)
+    logits = model(ids.to(device)).logits
+    return sequence_logprobs(logits, ids.to(device), scored.to(device)).float().cpu()
 
 
 def linear_tasks(batch: int, n_points: int, dim: int, generator: torch.Generator | None = None,
