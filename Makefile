@@ -9,7 +9,7 @@ INSTALLED := $(VENV)/.installed
 VENDORED := node_modules/.package-lock.json
 BUILD_FLAGS := -W -n --keep-going
 
-.PHONY: install book book-no-execute test lint unit nbval browser-check execute stamp checkpoint bench triton-check clean
+.PHONY: install book book-no-execute test lint unit nbval browser-check execute stamp checkpoint checkpoint-demos bench triton-check clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -68,6 +68,12 @@ execute: install
 checkpoint: install
 	OMP_NUM_THREADS=1 $(PY) scripts/train_gpt.py --n-layer 4 --n-embd 128 --n-head 4 --block-size 128 \
 	  --batch-size 32 --steps 7000 --lr 3e-3 --warmup 200 --eval-every 500 --export lecture_pkg/checkpoints
+
+# Chapter 10's few-shot model: the reference GPT continued with demonstration lists in its batches.
+checkpoint-demos: install
+	OMP_NUM_THREADS=1 $(PY) scripts/train_gpt.py --init shakespeare_gpt --demo-share 0.25 \
+	  --name shakespeare_gpt_demos --batch-size 32 --steps 2000 --lr 1e-3 --warmup 100 \
+	  --eval-every 400 --export lecture_pkg/checkpoints
 
 stamp: install
 	$(PY) scripts/notebook_freshness.py stamp $(NOTEBOOKS)

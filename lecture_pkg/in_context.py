@@ -13,21 +13,35 @@ Shapes: xs (batch, n, d), ys (batch, n); predictions (batch, n), entry i made fr
 
 Prompting a pretrained model is scored here too: :func:`answer_logprob` gives each candidate
 answer its summed log-probability after a prompt, the way GPT-3 (Brown et al. 2020) scored
-multiple-choice tasks in the zero-, one- and few-shot settings.
+multiple-choice tasks in the zero-, one- and few-shot settings. The book's task is *which
+spelling*: a prompt of ``word: answer`` lines whose answers are the words lower-cased,
+upper-cased or title-cased (:data:`SPELLINGS`), then a query word; only the demonstrations say
+which spelling is wanted (:func:`spelling_accuracy`). :func:`demonstration_windows` writes such
+lists as pretraining text.
 """
 
 from __future__ import annotations
+
+import random
+import re
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from lecture_pkg.alignment import pad_right, sequence_logprobs
 from lecture_pkg.checks import check_float_tensor, check_int
+from lecture_pkg.data import shakespeare
 from lecture_pkg.kernel_regression import nadaraya_watson
 from lecture_pkg.layers import EncoderLayer
+from lecture_pkg.pretrained import CharTokenizer
 
-__all__ = ["ICLTransformer", "answer_logprob", "lipschitz_tasks", "linear_tasks", "prefix_least_squares",
-           "prefix_nadaraya_watson"]
+__all__ = ["SPELLINGS", "ICLTransformer", "answer_logprob", "demonstration_text",
+           "demonstration_windows", "lipschitz_tasks", "linear_tasks", "prefix_least_squares",
+           "prefix_nadaraya_watson", "spelling_accuracy", "spelling_words"]
+
+SPELLINGS: dict[str, Callable[[str], str]] = {"lower": str.lower, "upper": str.upper,
+                                              "title": str.title}
 
 
 @torch.no_grad()
@@ -51,6 +65,77 @@ def answer_logprob(model: nn.Module, prompts: list[list[int]], answers: list[lis
     device = next(model.parameters()).device
     logits = model(ids.to(device)).logits
     return sequence_logprobs(logits, ids.to(device), scored.to(device)).float().cpu()
+
+
+def spelling_words(split: str) -> list[str]:
+    """Lower-case words of the Shakespeare corpus, sorted: for ``"train"`` every word of 3 to 9
+    letters in the training works (the demonstrations of pretraining); for ``"test"`` the words
+    of 4 to 7 letters in the test works that never occur in the training works (the prompts'
+    queries and demonstrations, so nothing asked was seen in pretraining)."""
+    if split == "train":
+        return sorted(set(re.findall(r"\b[a-z]{3,9}\b", shakespeare("train"))))
+    if split == "test":
+        seen = set(re.findall(r"\b[a-z]+\b", shakespeare("train").lower()))
+        return sorted(set(re.findall(r"\b[a-z]{4,7}\b", shakespeare("test"))) - seen)
+    raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+
+
+def _check_spelling(spelling: str) -> Callable[[str], str]:
+    if spelling not in SPELLINGS:
+        raise ValueError(f"spelling must be one of {list(SPELLINGS)}, got {spelling!r}")
+    return SPELLINGS[spelling]
+
+
+def demonstration_text(words: Sequence[str], spelling: str) -> str:
+    """One ``word: answer`` line per word, the answer being the word in ``spelling`` (a key of
+    :data:`SPELLINGS`): ``demonstration_text(["king"], "upper") == "king: KING\\n"``."""
+    spell = _check_spelling(spelling)
+    return "".join(f"{word}: {spell(word)}\n" for word in words)
+
+
+def demonstration_windows(words: Sequence[str], encode: Callable[[str], list[int]], count: int,
+                          length: int, rng: random.Random) -> Tensor:
+    """(count, length) token ids of demonstration lists to mix into pretraining batches: each
+    row one spelling drawn at random, then ``word: answer`` lines of random ``words`` from its
+    first character, cut at ``length`` characters. The task is never named; a model can only
+    tell it from the lines before."""
+    check_int("count", count, minimum=1)
+    check_int("length", length, minimum=1)
+    if not words:
+        raise ValueError("words must not be empty")
+    rows = []
+    for _ in range(count):
+        spelling, text = rng.choice(list(SPELLINGS)), ""
+        while len(text) < length:
+            text += demonstration_text(rng.choices(words, k=8), spelling)
+        rows.append(encode(text[:length]))
+    return torch.tensor(rows)
+
+
+def spelling_accuracy(model: nn.Module, tokenizer: CharTokenizer, words: Sequence[str], spelling: str,
+                      shots: int, seed: int, n: int) -> float:
+    """Few-shot accuracy on *which spelling*: for each of ``n`` query words (drawn from
+    ``words`` with ``random.Random(seed)``), the prompt is ``shots`` demonstration lines of
+    other words in ``spelling`` and then ``"query: "``; each spelling of the query in
+    :data:`SPELLINGS` (with its newline) is scored by :func:`answer_logprob`, and the query
+    counts as right when ``spelling`` scores highest. Chance is 1 / len(SPELLINGS).
+    """
+    _check_spelling(spelling)
+    check_int("shots", shots)
+    check_int("n", n, minimum=1)
+    if len(words) < n + shots:
+        raise ValueError(f"words must hold at least n + shots = {n + shots} words, got "
+                         f"{len(words)}")
+    rng = random.Random(seed)
+    prompts, answers = [], []
+    for query in rng.sample(list(words), n):
+        demos = rng.sample([w for w in words if w != query], shots)
+        prompt = tokenizer.encode(demonstration_text(demos, spelling) + f"{query}: ")
+        for spell in SPELLINGS.values():
+            prompts.append(prompt)
+            answers.append(tokenizer.encode(spell(query) + "\n"))
+    scores = answer_logprob(model, prompts, answers, tokenizer.pad_id).view(n, len(SPELLINGS))
+    return (scores.argmax(-1) == list(SPELLINGS).index(spelling)).float().mean().item()
 
 
 def linear_tasks(batch: int, n_points: int, dim: int, generator: torch.Generator | None = None,

@@ -9,6 +9,15 @@ The book's checkpoint (``lecture_pkg/checkpoints/shakespeare_gpt.*``), on one CP
 
 (about 52 minutes on one thread; ``make checkpoint`` runs it).
 
+Chapter 10's few-shot model continues that checkpoint with a quarter of every batch replaced by
+demonstration lists (:func:`lecture_pkg.in_context.demonstration_windows`)::
+
+    OMP_NUM_THREADS=1 python scripts/train_gpt.py --init shakespeare_gpt --demo-share 0.25 \\
+        --name shakespeare_gpt_demos --batch-size 32 --steps 2000 --lr 1e-3 --warmup 100 \\
+        --eval-every 400 --export lecture_pkg/checkpoints
+
+(``make checkpoint-demos``). Its JSON also records few-shot accuracies on the held-out words.
+
 Every evaluation overwrites the export; the shipped files are the export whose step the JSON
 records (``figures["steps"]``).
 
@@ -30,6 +39,7 @@ the latest export is always usable.
 from __future__ import annotations
 
 import argparse
+import random
 import subprocess
 import sys
 import time
@@ -40,14 +50,17 @@ import torch
 import torch.distributed as dist
 
 from lecture_pkg.data import shakespeare
+from lecture_pkg.in_context import SPELLINGS, demonstration_windows, spelling_accuracy, spelling_words
 from lecture_pkg.models.gpt import GPT, GPTConfig, lm_batches, next_token_loss
-from lecture_pkg.pretrained import CHECKPOINT, CharTokenizer, eval_starts, nats_per_char
-from lecture_pkg.shipped import save_shipped
+from lecture_pkg.pretrained import CHECKPOINT, CharTokenizer, eval_starts, load_gpt_weights, nats_per_char
+from lecture_pkg.shipped import save_shipped, shipped_info
 from lecture_pkg.training import adamw, distributed_setup, train, warmup_cosine, wrap_ddp
 
 EVAL_WINDOWS = 64  # validation windows per evaluation during training
 TEST_WINDOWS = 256  # the recorded held-out figure
 CHECK_WINDOWS = 16  # the small slice a unit test re-evaluates
+SHOTS = (0, 1, 4)  # few-shot figures recorded for a --demo-share model
+SPELLING_QUERIES = 64  # queries per spelling and number of shots (seed 0)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -71,11 +84,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--save", default=None, help="write the final weights here (rank 0)")
     parser.add_argument("--export", default=None,
                         help="a folder for the packaged float16 checkpoint and its JSON")
+    parser.add_argument("--name", default=CHECKPOINT, help="the exported checkpoint's name")
+    parser.add_argument("--init", default=None,
+                        help="start from this shipped checkpoint (its configuration wins)")
+    parser.add_argument("--demo-share", type=float, default=0.0,
+                        help="share of each batch's rows that are demonstration lists")
     return parser.parse_args(argv)
 
 
-def export(model: GPT, tokenizer: CharTokenizer, folder: Path, figures: dict,
-           history: dict) -> float:
+def export(model: GPT, tokenizer: CharTokenizer, folder: Path, checkpoint: str, figures: dict,
+           history: dict, spellings: bool) -> float:
     """Write the float16 weights and the JSON; returns the test figure of the float16 model."""
     state = {k: v.detach().cpu().half().contiguous() for k, v in model.state_dict().items()
              if k != "lm_head.weight"}  # tied to wte.weight
@@ -90,30 +108,59 @@ def export(model: GPT, tokenizer: CharTokenizer, folder: Path, figures: dict,
         figures[f"{name}_slice"] = {"split": "test", "windows": windows, "length": block,
                                     "nats_per_char": nats_per_char(reloaded, test, starts,
                                                                    block)}
+    if spellings:  # held-out few-shot accuracy, recorded for the test to reproduce
+        words = spelling_words("test")
+        figures["spelling_accuracy"] = {
+            "queries": SPELLING_QUERIES, "seed": 0, "words": "test",
+            "shots": {k: {s: spelling_accuracy(reloaded, tokenizer, words, s, k, 0,
+                                               SPELLING_QUERIES) for s in SPELLINGS}
+                      for k in SHOTS}}
     info = {"config": asdict(model.config), "chars": tokenizer.chars,
             "special_tokens": list(tokenizer.special_tokens), "figures": figures,
             "history": history}
-    save_shipped(folder, CHECKPOINT, state, info)
+    save_shipped(folder, checkpoint, state, info)
     return figures["test_slice"]["nats_per_char"]
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if not 0.0 <= args.demo_share <= 1.0:
+        raise ValueError(f"--demo-share must be in [0, 1], got {args.demo_share}")
     rank, world_size, device = distributed_setup()
     tokenizer = CharTokenizer.from_text("".join(shakespeare(s)
                                                 for s in ("train", "validation", "test")))
     train_ids = torch.tensor(tokenizer.encode(shakespeare("train")[:args.max_chars]))
     val_ids = torch.tensor(tokenizer.encode(shakespeare("validation")))
-    val_starts = eval_starts(len(val_ids), EVAL_WINDOWS, args.block_size)
 
     torch.manual_seed(args.seed)  # the same initial weights on every rank
-    config = GPTConfig(vocab_size=tokenizer.vocab_size, n_positions=args.block_size,
-                       n_embd=args.n_embd, n_layer=args.n_layer, n_head=args.n_head,
-                       dropout=args.dropout, embd_dropout=args.dropout)
+    if args.init:
+        info = shipped_info(args.init)
+        if info["chars"] != tokenizer.chars:
+            raise ValueError(f"--init {args.init} has another vocabulary")
+        config = GPTConfig(**info["config"])
+        args.block_size = config.n_positions
+    else:
+        config = GPTConfig(vocab_size=tokenizer.vocab_size, n_positions=args.block_size,
+                           n_embd=args.n_embd, n_layer=args.n_layer, n_head=args.n_head,
+                           dropout=args.dropout, embd_dropout=args.dropout)
+    val_starts = eval_starts(len(val_ids), EVAL_WINDOWS, args.block_size)
     model = GPT(config).to(device)
+    if args.init:
+        load_gpt_weights(model, args.init)
     ddp_model = wrap_ddp(model, device)
-    batches = lm_batches(train_ids, args.batch_size, args.block_size, args.seed, rank,
-                         world_size)
+    text_batches = lm_batches(train_ids, args.batch_size, args.block_size, args.seed, rank,
+                              world_size)
+    demo_rows = round(args.demo_share * (args.batch_size // world_size))  # per rank
+    words = spelling_words("train")
+
+    def batches(step: int) -> torch.Tensor:
+        """Text windows, the first ``demo_rows`` rows replaced by demonstration lists."""
+        batch = text_batches(step)
+        if demo_rows:
+            rng = random.Random((args.seed * 1_000_003 + step) * world_size + rank)
+            batch[:demo_rows] = demonstration_windows(words, tokenizer.encode, demo_rows,
+                                                      args.block_size, rng)
+        return batch
     began = time.perf_counter()
     command = "python scripts/train_gpt.py " + " ".join(sys.argv[1:] if argv is None else argv)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -133,7 +180,8 @@ def main(argv: list[str] | None = None) -> None:
                 p.numel() for p in model.parameters()), "threads": torch.get_num_threads(),
                 "train_seconds": round(time.perf_counter() - began, 1), "command": command,
                 "commit": commit, "val_nats_per_char": loss}
-            test = export(model, tokenizer, Path(args.export), figures, curve)
+            test = export(model, tokenizer, Path(args.export), args.name, figures, curve,
+                          spellings=args.demo_share > 0)
             print(f"step {curve['steps'][-1]}: val {loss:.4f}, test {test:.4f} nats/char, "
                   f"{figures['train_seconds']} s", flush=True)
         return {"val nats/char": loss}
