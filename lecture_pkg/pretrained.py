@@ -11,7 +11,9 @@ holding its configuration, vocabulary and recorded figures.
     print(tokenizer.decode(out[0].tolist()))
 
 The context (block size) is ``model.config.n_positions`` (also ``model.context_length``).
-``scripts/train_gpt.py --export`` writes the two files.
+``scripts/train_gpt.py --export`` writes the two files. ``load_shakespeare_gpt(checkpoint=
+"shakespeare_gpt_demos")`` loads chapter 10's continuation of it, whose pretraining batches held
+demonstration lists (:func:`lecture_pkg.in_context.demonstration_windows`).
 """
 
 from __future__ import annotations
@@ -28,11 +30,12 @@ from lecture_pkg.checks import check_int
 from lecture_pkg.models.gpt import GPT, GPTConfig, next_token_loss
 from lecture_pkg.shipped import shipped_info, shipped_state
 
-__all__ = ["SPECIAL_TOKENS", "CharTokenizer", "eval_starts", "load_shakespeare_gpt",
+__all__ = ["DEMOS_CHECKPOINT", "SPECIAL_TOKENS", "CharTokenizer", "eval_starts", "load_shakespeare_gpt",
            "nats_per_char", "shakespeare_gpt_info"]
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|user|>", "<|assistant|>", "<|end|>", "<|pad|>")
 CHECKPOINT = "shakespeare_gpt"
+DEMOS_CHECKPOINT = "shakespeare_gpt_demos"
 
 
 class CharTokenizer:
@@ -128,21 +131,29 @@ def nats_per_char(model: GPT, ids: Tensor, starts: Sequence[int], length: int,
     return total / count
 
 
-def shakespeare_gpt_info() -> dict[str, Any]:
+def _check_gpt_checkpoint(checkpoint: str) -> None:
+    if checkpoint not in (CHECKPOINT, DEMOS_CHECKPOINT):
+        raise ValueError(f"checkpoint must be {CHECKPOINT!r} or {DEMOS_CHECKPOINT!r}, got "
+                         f"{checkpoint!r}")
+
+
+def shakespeare_gpt_info(checkpoint: str = CHECKPOINT) -> dict[str, Any]:
     """The JSON stored beside the weights: ``config`` (GPTConfig fields), ``chars`` and
     ``special_tokens`` (the vocabulary), ``figures`` (held-out losses, training time, the
     command), ``history`` (the training curve)."""
-    return shipped_info(CHECKPOINT)
+    _check_gpt_checkpoint(checkpoint)
+    return shipped_info(checkpoint)
 
 
-def load_shakespeare_gpt(device: torch.device | str | None = None
-                         ) -> tuple[GPT, CharTokenizer]:
+def load_shakespeare_gpt(device: torch.device | str | None = None,
+                         checkpoint: str = CHECKPOINT) -> tuple[GPT, CharTokenizer]:
     """The reference character GPT (float32, eval mode, on ``device``; default CPU) and its
-    tokenizer. The weights are stored in float16 and read with safetensors."""
-    info = shakespeare_gpt_info()
+    tokenizer; ``checkpoint=DEMOS_CHECKPOINT`` gives chapter 10's few-shot continuation. The
+    weights are stored in float16 and read with safetensors."""
+    info = shakespeare_gpt_info(checkpoint)
     tokenizer = CharTokenizer(info["chars"], info["special_tokens"])
     model = GPT(GPTConfig(**info["config"]), device=device)
-    load_gpt_weights(model, CHECKPOINT)
+    load_gpt_weights(model, checkpoint)
     return model.eval(), tokenizer
 
 

@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import math
+import random
+import re
 
 import numpy as np
 import pytest
 import torch
 
+from lecture_pkg.data import shakespeare
 from lecture_pkg.in_context import (
+    SPELLINGS,
     ICLTransformer,
+    demonstration_text,
+    demonstration_windows,
     linear_tasks,
     lipschitz_tasks,
     prefix_least_squares,
     prefix_nadaraya_watson,
+    spelling_accuracy,
+    spelling_words,
 )
+from lecture_pkg.pretrained import CharTokenizer
 
 
 def test_prefix_least_squares_equals_numpy_lstsq():
@@ -120,3 +129,69 @@ def test_task_noise_is_added_after_the_clean_draws():
     g = torch.Generator().manual_seed(5)
     lipschitz_tasks(4, 6, 2.0, generator=g)  # the same clean draws, then the noise
     torch.testing.assert_close(noisy[1], clean[1] + 0.3 * torch.randn(4, 6, generator=g))
+
+
+def test_spelling_words_held_out_from_training():
+    train, test = spelling_words("train"), spelling_words("test")
+    assert len(test) >= 500 and train == sorted(train)
+    assert all(w.isalpha() and w.islower() and 4 <= len(w) <= 7 for w in test)
+    assert not set(test) & set(train)
+    seen = set(re.findall(r"[a-z]+", shakespeare("train").lower()))
+    assert not set(test) & seen  # never in the training works, in any case
+    with pytest.raises(ValueError, match="split must be"):
+        spelling_words("validation")
+
+
+def test_demonstration_text_and_windows():
+    assert demonstration_text(["king", "lord"], "title") == "king: King\nlord: Lord\n"
+    assert demonstration_text(["ay"], "upper") == "ay: AY\n"
+    with pytest.raises(ValueError, match="spelling must be one of"):
+        demonstration_text(["king"], "reverse")
+    words = ["king", "lord", "queen", "fool"]
+    chars = sorted(set("".join(words) + "".join(w.upper() for w in words) + ": \n"))
+    encode = lambda text: [chars.index(c) for c in text]  # noqa: E731
+    windows = demonstration_windows(words, encode, 30, 40, random.Random(0))
+    assert windows.shape == (30, 40) and windows.dtype == torch.long
+    used = set()
+    for row in windows.tolist():
+        text = "".join(chars[i] for i in row)
+        lines = text.split("\n")[:-1]  # the last line may be cut
+        assert lines and text.startswith(tuple(words))
+        # one spelling per row: every complete line agrees with the same one
+        fits = [s for s, spell in SPELLINGS.items()
+                if all(line == f"{w}: {spell(w)}" for line in lines for w in [line.split(":")[0]])]
+        assert fits
+        used.update(fits)
+    assert used == set(SPELLINGS)
+    again = demonstration_windows(words, encode, 30, 40, random.Random(0))
+    torch.testing.assert_close(windows, again)
+    with pytest.raises(ValueError, match="words must not be empty"):
+        demonstration_windows([], encode, 1, 8, random.Random(0))
+    with pytest.raises(ValueError, match="count must be positive"):
+        demonstration_windows(words, encode, 0, 8, random.Random(0))
+
+
+class _CaseModel(torch.nn.Module):
+    """A stand-in language model whose next-token logits favour upper-case letters."""
+
+    def __init__(self, tokenizer: CharTokenizer) -> None:
+        super().__init__()
+        self.bias = torch.nn.Parameter(torch.tensor(
+            [3.0 if c.isupper() else 0.0 for c in tokenizer.itos]))
+
+    def forward(self, ids):
+        return type("Out", (), {"logits": self.bias.expand(*ids.shape, -1)})()
+
+
+def test_spelling_accuracy_scores_the_three_spellings():
+    words = spelling_words("test")
+    tokenizer = CharTokenizer.from_text("".join(words) + "".join(words).upper() + ": \n")
+    model = _CaseModel(tokenizer)
+    # every query's upper-case spelling has the highest score, whatever the prompt says
+    assert spelling_accuracy(model, tokenizer, words, "upper", 2, 0, 20) == 1.0
+    assert spelling_accuracy(model, tokenizer, words, "lower", 2, 0, 20) == 0.0
+    assert spelling_accuracy(model, tokenizer, words, "title", 0, 0, 20) == 0.0
+    with pytest.raises(ValueError, match="spelling must be one of"):
+        spelling_accuracy(model, tokenizer, words, "UPPER", 1, 0, 4)
+    with pytest.raises(ValueError, match="at least n \\+ shots"):
+        spelling_accuracy(model, tokenizer, words[:5], "upper", 2, 0, 4)

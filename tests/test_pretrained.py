@@ -7,8 +7,10 @@ import pytest
 import torch
 
 from lecture_pkg.data import shakespeare, shakespeare_works
+from lecture_pkg.in_context import SPELLINGS, spelling_accuracy, spelling_words
 from lecture_pkg.models.gpt import GPT
 from lecture_pkg.pretrained import (
+    DEMOS_CHECKPOINT,
     SPECIAL_TOKENS,
     CharTokenizer,
     eval_starts,
@@ -38,9 +40,10 @@ def test_tokenizer_vocabulary_round_trip_and_special_tokens() -> None:
     assert CharTokenizer.from_text("ba").encode("ab<|pad|>") == [0, 1, 6]
 
 
-def test_checkpoint_loads_in_eval_mode_and_reproduces_its_recorded_loss() -> None:
-    model, tokenizer = load_shakespeare_gpt()
-    info = shakespeare_gpt_info()
+@pytest.mark.parametrize("checkpoint", ["shakespeare_gpt", DEMOS_CHECKPOINT])
+def test_checkpoint_loads_in_eval_mode_and_reproduces_its_recorded_loss(checkpoint: str) -> None:
+    model, tokenizer = load_shakespeare_gpt(checkpoint=checkpoint)
+    info = shakespeare_gpt_info(checkpoint)
     assert isinstance(model, GPT) and not model.training
     assert model.config.vocab_size == tokenizer.vocab_size
     assert model.lm_head.weight is model.wte.weight
@@ -50,3 +53,22 @@ def test_checkpoint_loads_in_eval_mode_and_reproduces_its_recorded_loss() -> Non
     loss = nats_per_char(model, test, starts, check["length"])
     assert loss == pytest.approx(check["nats_per_char"], abs=2e-5)
     assert info["figures"]["test_slice"]["length"] <= model.config.n_positions
+
+
+def test_demos_checkpoint_reproduces_its_recorded_few_shot_accuracy() -> None:
+    """The continuation's recorded held-out accuracy at one shot, for every spelling, and the
+    claim the book builds on: one demonstration lifts it far above the zero-shot figure."""
+    model, tokenizer = load_shakespeare_gpt(checkpoint=DEMOS_CHECKPOINT)
+    recorded = shakespeare_gpt_info(DEMOS_CHECKPOINT)["figures"]["spelling_accuracy"]
+    words = spelling_words(recorded["words"])
+    for spelling in SPELLINGS:
+        got = spelling_accuracy(model, tokenizer, words, spelling, 1, recorded["seed"],
+                                recorded["queries"])
+        assert got == pytest.approx(recorded["shots"]["1"][spelling], abs=1e-6)
+    mean = {k: sum(v.values()) / len(v) for k, v in recorded["shots"].items()}
+    assert mean["1"] > mean["0"] + 0.3 and mean["4"] > 0.8
+
+
+def test_unknown_gpt_checkpoint_is_rejected_by_name() -> None:
+    with pytest.raises(ValueError, match="checkpoint must be"):
+        load_shakespeare_gpt(checkpoint="shakespeare_bert")
