@@ -93,12 +93,12 @@ def demonstration_text(words: Sequence[str], spelling: str) -> str:
     return "".join(f"{word}: {spell(word)}\n" for word in words)
 
 
-def demonstration_windows(words: Sequence[str], encode: Callable[[str], list[int]], count: int,
-                          length: int, rng: random.Random) -> Tensor:
-    """(count, length) token ids of demonstration lists to mix into pretraining batches: each
-    row one spelling drawn at random, then ``word: answer`` lines of random ``words`` from its
-    first character, cut at ``length`` characters. The task is never named; a model can only
-    tell it from the lines before."""
+def demonstration_windows(words: Sequence[str], encode: Callable[[str], list[int]],
+                          count: int, length: int, rng: random.Random) -> Tensor:
+    """(count, length) token ids of demonstration lists to mix into pretraining batches.
+    Each row draws one spelling at random and is ``word: answer`` lines of random ``words``
+    in it, from the row's first character, cut at ``length`` characters. The task is never
+    named: a model can only tell it from the lines before."""
     check_int("count", count, minimum=1)
     check_int("length", length, minimum=1)
     if not words:
@@ -112,8 +112,8 @@ def demonstration_windows(words: Sequence[str], encode: Callable[[str], list[int
     return torch.tensor(rows)
 
 
-def spelling_accuracy(model: nn.Module, tokenizer: CharTokenizer, words: Sequence[str], spelling: str,
-                      shots: int, seed: int, n: int) -> float:
+def spelling_accuracy(model: nn.Module, tokenizer: CharTokenizer, words: Sequence[str],
+                      spelling: str, shots: int, seed: int, n: int) -> float:
     """Few-shot accuracy on *which spelling*: for each of ``n`` query words (drawn from
     ``words`` with ``random.Random(seed)``), the prompt is ``shots`` demonstration lines of
     other words in ``spelling`` and then ``"query: "``; each spelling of the query in
