@@ -86,11 +86,15 @@ def _check_spelling(spelling: str) -> Callable[[str], str]:
     return SPELLINGS[spelling]
 
 
-def demonstration_text(words: Sequence[str], spelling: str) -> str:
+def demonstration_text(words: Sequence[str], spelling: str, separator: str = ": ") -> str:
     """One ``word: answer`` line per word, the answer being the word in ``spelling`` (a key of
-    :data:`SPELLINGS`): ``demonstration_text(["king"], "upper") == "king: KING\\n"``."""
+    :data:`SPELLINGS`): ``demonstration_text(["king"], "upper") == "king: KING\\n"``.
+    ``separator`` replaces the ``": "`` between word and answer."""
     spell = _check_spelling(spelling)
-    return "".join(f"{word}: {spell(word)}\n" for word in words)
+    if not isinstance(separator, str) or not separator or "\n" in separator:
+        raise ValueError(f"separator must be a non-empty string without a newline, got "
+                         f"{separator!r}")
+    return "".join(f"{word}{separator}{spell(word)}\n" for word in words)
 
 
 def demonstration_windows(words: Sequence[str], encode: Callable[[str], list[int]],
@@ -113,12 +117,14 @@ def demonstration_windows(words: Sequence[str], encode: Callable[[str], list[int
 
 
 def spelling_accuracy(model: nn.Module, tokenizer: CharTokenizer, words: Sequence[str],
-                      spelling: str, shots: int, seed: int, n: int) -> float:
+                      spelling: str, shots: int, seed: int, n: int,
+                      separator: str = ": ") -> float:
     """Few-shot accuracy on *which spelling*: for each of ``n`` query words (drawn from
     ``words`` with ``random.Random(seed)``), the prompt is ``shots`` demonstration lines of
     other words in ``spelling`` and then ``"query: "``; each spelling of the query in
     :data:`SPELLINGS` (with its newline) is scored by :func:`answer_logprob`, and the query
     counts as right when ``spelling`` scores highest. Chance is 1 / len(SPELLINGS).
+    ``separator`` replaces ``": "`` in the demonstrations and after the query.
     """
     _check_spelling(spelling)
     check_int("shots", shots)
@@ -130,7 +136,8 @@ def spelling_accuracy(model: nn.Module, tokenizer: CharTokenizer, words: Sequenc
     prompts, answers = [], []
     for query in rng.sample(list(words), n):
         demos = rng.sample([w for w in words if w != query], shots)
-        prompt = tokenizer.encode(demonstration_text(demos, spelling) + f"{query}: ")
+        prompt = tokenizer.encode(demonstration_text(demos, spelling, separator)
+                                  + query + separator)
         for spell in SPELLINGS.values():
             prompts.append(prompt)
             answers.append(tokenizer.encode(spell(query) + "\n"))

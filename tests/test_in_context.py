@@ -145,8 +145,11 @@ def test_spelling_words_held_out_from_training():
 def test_demonstration_text_and_windows():
     assert demonstration_text(["king", "lord"], "title") == "king: King\nlord: Lord\n"
     assert demonstration_text(["ay"], "upper") == "ay: AY\n"
+    assert demonstration_text(["ay"], "lower", separator=" - ") == "ay - ay\n"
     with pytest.raises(ValueError, match="spelling must be one of"):
         demonstration_text(["king"], "reverse")
+    with pytest.raises(ValueError, match="separator must be"):
+        demonstration_text(["king"], "upper", separator="\n")
     words = ["king", "lord", "queen", "fool"]
     chars = sorted(set("".join(words) + "".join(w.upper() for w in words) + ": \n"))
     encode = lambda text: [chars.index(c) for c in text]  # noqa: E731
@@ -185,12 +188,21 @@ class _CaseModel(torch.nn.Module):
 
 def test_spelling_accuracy_scores_the_three_spellings():
     words = spelling_words("test")
-    tokenizer = CharTokenizer.from_text("".join(words) + "".join(words).upper() + ": \n")
+    tokenizer = CharTokenizer.from_text("".join(words) + "".join(words).upper() + ": -\n")
     model = _CaseModel(tokenizer)
     # every query's upper-case spelling has the highest score, whatever the prompt says
     assert spelling_accuracy(model, tokenizer, words, "upper", 2, 0, 20) == 1.0
     assert spelling_accuracy(model, tokenizer, words, "lower", 2, 0, 20) == 0.0
     assert spelling_accuracy(model, tokenizer, words, "title", 0, 0, 20) == 0.0
+    seen = []
+    model.register_forward_pre_hook(lambda _, args: seen.append(args[0]))
+    assert spelling_accuracy(model, tokenizer, words, "upper", 2, 0, 4, separator=" - ") == 1.0
+    # rows 0, 1, 2: the first query's prompt with its lower, upper and title answer
+    texts = [tokenizer.decode(row.tolist()).split("<|pad|>")[0] for row in seen[-1][:3]]
+    query = texts[0].split("\n")[2].split(" - ")[0]  # two demonstrations, then the query
+    assert all(t.count(" - ") == 3 and ":" not in t for t in texts)
+    assert [t.split("\n")[2] for t in texts] == [
+        f"{query} - {spell(query)}" for spell in SPELLINGS.values()]
     with pytest.raises(ValueError, match="spelling must be one of"):
         spelling_accuracy(model, tokenizer, words, "UPPER", 1, 0, 4)
     with pytest.raises(ValueError, match="at least n \\+ shots"):
