@@ -9,7 +9,7 @@ INSTALLED := $(VENV)/.installed
 VENDORED := node_modules/.package-lock.json
 BUILD_FLAGS := -W -n --keep-going
 
-.PHONY: install book book-no-execute test lint unit nbval browser-check execute stamp checkpoint checkpoint-demos bench triton-check clean
+.PHONY: install book book-no-execute test lint unit nbval browser-check execute stamp checkpoint checkpoint-demos checkpoint-formats bench triton-check clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -73,6 +73,14 @@ checkpoint: install
 checkpoint-demos: install
 	OMP_NUM_THREADS=1 $(PY) scripts/train_gpt.py --init shakespeare_gpt --demo-share 0.25 \
 	  --name shakespeare_gpt_demos --batch-size 32 --steps 2000 --lr 1e-3 --warmup 100 \
+	  --eval-every 400 --export lecture_pkg/checkpoints
+
+# The same with seven separators between word and answer instead of ": " (chapter 10).
+checkpoint-formats: install
+	OMP_NUM_THREADS=1 $(PY) scripts/train_gpt.py --init shakespeare_gpt --demo-share 0.25 \
+	  --demo-separator ": " --demo-separator " - " --demo-separator "; " --demo-separator " / " \
+	  --demo-separator " " --demo-separator " (" --demo-separator " _ " \
+	  --name shakespeare_gpt_formats --batch-size 32 --steps 2000 --lr 1e-3 --warmup 100 \
 	  --eval-every 400 --export lecture_pkg/checkpoints
 
 stamp: install

@@ -98,20 +98,26 @@ def demonstration_text(words: Sequence[str], spelling: str, separator: str = ": 
 
 
 def demonstration_windows(words: Sequence[str], encode: Callable[[str], list[int]],
-                          count: int, length: int, rng: random.Random) -> Tensor:
+                          count: int, length: int, rng: random.Random,
+                          separators: Sequence[str] = (": ",)) -> Tensor:
     """(count, length) token ids of demonstration lists to mix into pretraining batches.
-    Each row draws one spelling at random and is ``word: answer`` lines of random ``words``
-    in it, from the row's first character, cut at ``length`` characters. The task is never
-    named: a model can only tell it from the lines before."""
+    Each row draws one spelling at random (and one of ``separators``, when there are several)
+    and is ``word: answer`` lines of random ``words`` in it, from the row's first character,
+    cut at ``length`` characters. The task is never named: a model can only tell it from the
+    lines before."""
     check_int("count", count, minimum=1)
     check_int("length", length, minimum=1)
     if not words:
         raise ValueError("words must not be empty")
+    if not separators:
+        raise ValueError("separators must not be empty")
     rows = []
     for _ in range(count):
         spelling, text = rng.choice(list(SPELLINGS)), ""
+        # one separator draws nothing, so such runs replay the single-format recipe exactly
+        separator = rng.choice(list(separators)) if len(separators) > 1 else separators[0]
         while len(text) < length:
-            text += demonstration_text(rng.choices(words, k=8), spelling)
+            text += demonstration_text(rng.choices(words, k=8), spelling, separator)
         rows.append(encode(text[:length]))
     return torch.tensor(rows)
 

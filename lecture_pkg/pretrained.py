@@ -30,12 +30,13 @@ from lecture_pkg.checks import check_int
 from lecture_pkg.models.gpt import GPT, GPTConfig, next_token_loss
 from lecture_pkg.shipped import shipped_info, shipped_state
 
-__all__ = ["DEMOS_CHECKPOINT", "SPECIAL_TOKENS", "CharTokenizer", "eval_starts", "load_shakespeare_gpt",
-           "nats_per_char", "shakespeare_gpt_info"]
+__all__ = ["DEMOS_CHECKPOINT", "FORMATS_CHECKPOINT", "SPECIAL_TOKENS", "CharTokenizer",
+           "eval_starts", "load_shakespeare_gpt", "nats_per_char", "shakespeare_gpt_info"]
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|user|>", "<|assistant|>", "<|end|>", "<|pad|>")
 CHECKPOINT = "shakespeare_gpt"
 DEMOS_CHECKPOINT = "shakespeare_gpt_demos"
+FORMATS_CHECKPOINT = "shakespeare_gpt_formats"
 
 
 class CharTokenizer:
@@ -132,9 +133,9 @@ def nats_per_char(model: GPT, ids: Tensor, starts: Sequence[int], length: int,
 
 
 def _check_gpt_checkpoint(checkpoint: str) -> None:
-    if checkpoint not in (CHECKPOINT, DEMOS_CHECKPOINT):
-        raise ValueError(f"checkpoint must be {CHECKPOINT!r} or {DEMOS_CHECKPOINT!r}, got "
-                         f"{checkpoint!r}")
+    names = (CHECKPOINT, DEMOS_CHECKPOINT, FORMATS_CHECKPOINT)
+    if checkpoint not in names:
+        raise ValueError(f"checkpoint must be one of {names}, got {checkpoint!r}")
 
 
 def shakespeare_gpt_info(checkpoint: str = CHECKPOINT) -> dict[str, Any]:
@@ -148,7 +149,8 @@ def shakespeare_gpt_info(checkpoint: str = CHECKPOINT) -> dict[str, Any]:
 def load_shakespeare_gpt(device: torch.device | str | None = None,
                          checkpoint: str = CHECKPOINT) -> tuple[GPT, CharTokenizer]:
     """The reference character GPT (float32, eval mode, on ``device``; default CPU) and its
-    tokenizer; ``checkpoint=DEMOS_CHECKPOINT`` gives chapter 10's few-shot continuation. The
+    tokenizer; ``checkpoint=DEMOS_CHECKPOINT`` gives chapter 10's few-shot continuation
+    (``FORMATS_CHECKPOINT``: the same with seven separators in its demonstration lists). The
     weights are stored in float16 and read with safetensors."""
     info = shakespeare_gpt_info(checkpoint)
     tokenizer = CharTokenizer(info["chars"], info["special_tokens"])

@@ -17,6 +17,8 @@ demonstration lists (:func:`lecture_pkg.in_context.demonstration_windows`)::
         --eval-every 400 --export lecture_pkg/checkpoints
 
 (``make checkpoint-demos``). Its JSON also records few-shot accuracies on the held-out words.
+``make checkpoint-formats`` runs the same recipe with seven separators in place of ``": "``
+(``--demo-separator`` once per separator; each window draws one).
 
 Every evaluation overwrites the export; the shipped files are the export whose step the JSON
 records (``figures["steps"]``).
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import shlex
 import subprocess
 import sys
 import time
@@ -89,6 +92,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="start from this shipped checkpoint (its configuration wins)")
     parser.add_argument("--demo-share", type=float, default=0.0,
                         help="share of each batch's rows that are demonstration lists")
+    parser.add_argument("--demo-separator", action="append", default=None,
+                        help="a separator between word and answer in the demonstration lists "
+                             "(repeat for several; default ': ')")
     return parser.parse_args(argv)
 
 
@@ -152,6 +158,7 @@ def main(argv: list[str] | None = None) -> None:
                               world_size)
     demo_rows = round(args.demo_share * (args.batch_size // world_size))  # per rank
     words = spelling_words("train")
+    separators = tuple(args.demo_separator or (": ",))
 
     def batches(step: int) -> torch.Tensor:
         """Text windows, the first ``demo_rows`` rows replaced by demonstration lists."""
@@ -159,10 +166,10 @@ def main(argv: list[str] | None = None) -> None:
         if demo_rows:
             rng = random.Random((args.seed * 1_000_003 + step) * world_size + rank)
             batch[:demo_rows] = demonstration_windows(words, tokenizer.encode, demo_rows,
-                                                      args.block_size, rng)
+                                                      args.block_size, rng, separators)
         return batch
     began = time.perf_counter()
-    command = "python scripts/train_gpt.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python scripts/train_gpt.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, cwd=Path(__file__).parent).stdout.strip()
     curve: dict[str, list] = {"steps": [], "val_nats_per_char": []}
