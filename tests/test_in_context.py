@@ -151,23 +151,33 @@ def test_demonstration_text_and_windows():
     with pytest.raises(ValueError, match="separator must be"):
         demonstration_text(["king"], "upper", separator="\n")
     words = ["king", "lord", "queen", "fool"]
-    chars = sorted(set("".join(words) + "".join(w.upper() for w in words) + ": \n"))
+    chars = sorted(set("".join(words) + "".join(w.upper() for w in words) + ": -\n"))
     encode = lambda text: [chars.index(c) for c in text]  # noqa: E731
-    windows = demonstration_windows(words, encode, 30, 40, random.Random(0))
-    assert windows.shape == (30, 40) and windows.dtype == torch.long
-    used = set()
-    for row in windows.tolist():
-        text = "".join(chars[i] for i in row)
+    decode = lambda row: "".join(chars[i] for i in row)  # noqa: E731
+
+    def spelling_and_separator(text: str) -> set[tuple[str, str]]:
+        """The (spelling, separator) pairs every complete line of a window agrees with."""
         lines = text.split("\n")[:-1]  # the last line may be cut
         assert lines and text.startswith(tuple(words))
-        # one spelling per row: every complete line agrees with the same one
-        fits = [s for s, spell in SPELLINGS.items()
-                if all(line == f"{w}: {spell(w)}" for line in lines for w in [line.split(":")[0]])]
-        assert fits
-        used.update(fits)
-    assert used == set(SPELLINGS)
+        return {(name, sep) for name, spell in SPELLINGS.items() for sep in (": ", " - ")
+                if all(line == f"{w}{sep}{spell(w)}" for line in lines
+                       for w in [line.split(sep)[0]])}
+
+    windows = demonstration_windows(words, encode, 30, 40, random.Random(0))
+    assert windows.shape == (30, 40) and windows.dtype == torch.long
+    fits = [spelling_and_separator(decode(row)) for row in windows.tolist()]
+    assert all(fit and {sep for _, sep in fit} == {": "} for fit in fits)
+    assert set().union(*fits) >= {(name, ": ") for name in SPELLINGS}  # every spelling
     again = demonstration_windows(words, encode, 30, 40, random.Random(0))
     torch.testing.assert_close(windows, again)
+    # several separators: one per window, each of them used
+    mixed = demonstration_windows(words, encode, 30, 40, random.Random(0),
+                                  separators=(": ", " - "))
+    fits = [spelling_and_separator(decode(row)) for row in mixed.tolist()]
+    assert all(len({sep for _, sep in fit}) == 1 for fit in fits)
+    assert {sep for fit in fits for _, sep in fit} == {": ", " - "}
+    with pytest.raises(ValueError, match="separators must not be empty"):
+        demonstration_windows(words, encode, 1, 8, random.Random(0), separators=())
     with pytest.raises(ValueError, match="words must not be empty"):
         demonstration_windows([], encode, 1, 8, random.Random(0))
     with pytest.raises(ValueError, match="count must be positive"):

@@ -11,6 +11,7 @@ from lecture_pkg.in_context import SPELLINGS, spelling_accuracy, spelling_words
 from lecture_pkg.models.gpt import GPT
 from lecture_pkg.pretrained import (
     DEMOS_CHECKPOINT,
+    FORMATS_CHECKPOINT,
     SPECIAL_TOKENS,
     CharTokenizer,
     eval_starts,
@@ -40,7 +41,7 @@ def test_tokenizer_vocabulary_round_trip_and_special_tokens() -> None:
     assert CharTokenizer.from_text("ba").encode("ab<|pad|>") == [0, 1, 6]
 
 
-@pytest.mark.parametrize("checkpoint", ["shakespeare_gpt", DEMOS_CHECKPOINT])
+@pytest.mark.parametrize("checkpoint", ["shakespeare_gpt", DEMOS_CHECKPOINT, FORMATS_CHECKPOINT])
 def test_checkpoint_loads_in_eval_mode_and_reproduces_its_recorded_loss(checkpoint: str) -> None:
     model, tokenizer = load_shakespeare_gpt(checkpoint=checkpoint)
     info = shakespeare_gpt_info(checkpoint)
@@ -55,11 +56,12 @@ def test_checkpoint_loads_in_eval_mode_and_reproduces_its_recorded_loss(checkpoi
     assert info["figures"]["test_slice"]["length"] <= model.config.n_positions
 
 
-def test_demos_checkpoint_reproduces_its_recorded_few_shot_accuracy() -> None:
-    """The continuation's recorded held-out accuracy at one shot, for every spelling, and the
+@pytest.mark.parametrize("checkpoint", [DEMOS_CHECKPOINT, FORMATS_CHECKPOINT])
+def test_demos_checkpoint_reproduces_its_recorded_few_shot_accuracy(checkpoint: str) -> None:
+    """A continuation's recorded held-out accuracy at one shot, for every spelling, and the
     claim the book builds on: one demonstration lifts it far above the zero-shot figure."""
-    model, tokenizer = load_shakespeare_gpt(checkpoint=DEMOS_CHECKPOINT)
-    recorded = shakespeare_gpt_info(DEMOS_CHECKPOINT)["figures"]["spelling_accuracy"]
+    model, tokenizer = load_shakespeare_gpt(checkpoint=checkpoint)
+    recorded = shakespeare_gpt_info(checkpoint)["figures"]["spelling_accuracy"]
     words = spelling_words(recorded["words"])
     for spelling in SPELLINGS:
         got = spelling_accuracy(model, tokenizer, words, spelling, 1, recorded["seed"],
