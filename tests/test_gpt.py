@@ -335,3 +335,26 @@ def test_ddp_two_processes_equal_one_process_on_the_global_batch(tmp_path: Path)
     moved = max((single[n] - p).abs().max().item() for n, p in initial.state_dict().items()
                 if n in single and "ln" not in n and "norm" not in n)
     assert moved > 1e-3  # the runs trained: equality is not two untouched initialisations
+
+
+def test_script_continues_a_shipped_checkpoint_with_demonstration_lists(tmp_path: Path) -> None:
+    """--init starts from the shipped weights (a held-out loss near theirs after 2 small steps,
+    not an untrained model's), --demo-share mixes demonstration lists in, and the export
+    records its name, the quoted command and the few-shot figures the tests reproduce."""
+    import json
+
+    script = _load_script()
+    with pytest.raises(ValueError, match="--demo-share must be in"):
+        script.main(["--demo-share", "1.5"])
+    script.main(["--init", "shakespeare_gpt", "--demo-share", "0.5", "--demo-separator", ": ",
+                 "--demo-separator", " - ", "--name", "continued", "--batch-size", "4",
+                 "--steps", "2", "--warmup", "1", "--lr", "1e-4", "--eval-every", "2",
+                 "--export", str(tmp_path)])
+    info = json.loads((tmp_path / "continued.json").read_text())
+    figures = info["figures"]
+    assert "--demo-separator ': ' --demo-separator ' - '" in figures["command"]
+    assert info["config"]["n_positions"] == 128  # the shipped configuration, not the defaults
+    assert figures["test_slice"]["nats_per_char"] < 1.6  # an untrained model: about 4.5
+    shots = figures["spelling_accuracy"]["shots"]
+    assert set(shots) == {"0", "1", "4"} and all(set(v) == {"lower", "upper", "title"}
+                                                 for v in shots.values())
