@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import functools
 import json
+import shlex
+import subprocess
+import sys
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -60,3 +64,16 @@ def save_shipped(folder: str | Path, name: str, state: dict[str, Tensor],
     save_file({k: v.detach().cpu().contiguous() for k, v in state.items()},
               str(folder / f"{name}.safetensors"))
     (folder / f"{name}.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+
+
+def provenance(script: str | Path, argv: Sequence[str] | None = None) -> dict[str, str]:
+    """How a training script ran, for its checkpoint's JSON: ``command``, a line that runs it
+    again (``python scripts/<file>`` and its arguments, shell-quoted; ``argv`` defaults to
+    ``sys.argv[1:]``), and ``commit``, the short hash of HEAD of the checkout holding
+    ``script`` ("" outside a git checkout)."""
+    script = Path(script)
+    args = sys.argv[1:] if argv is None else list(argv)
+    run = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                         text=True, cwd=script.parent)
+    return {"command": shlex.join(["python", f"scripts/{script.name}", *args]),
+            "commit": run.stdout.strip() if run.returncode == 0 else ""}

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -39,7 +37,7 @@ from lecture_pkg.shakespeare_mlm import (
     mlm_predict,
     random_batch,
 )
-from lecture_pkg.shipped import save_shipped
+from lecture_pkg.shipped import provenance, save_shipped
 from lecture_pkg.training import adamw, train, warmup_cosine
 
 VAL_WINDOWS = 256
@@ -127,9 +125,7 @@ def main(argv: list[str] | None = None) -> None:
                             args.mask_rate, gen)
 
     eval_every = args.eval_every or max(1, args.steps // 5)
-    command = "python scripts/train_bert.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=Path(__file__).parent).stdout.strip()
+    run = provenance(__file__, argv)
     curve: dict[str, list] = {"steps": [], "val_accuracy": []}
     began = time.perf_counter()
 
@@ -144,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
                        "threads": torch.get_num_threads(),
                        "train_seconds": round(before["train_seconds"]
                                               + time.perf_counter() - began, 1),
-                       "command": command, "commands": [*before["commands"], command], "commit": commit, "lr": args.lr,
+                       **run, "commands": [*before["commands"], run["command"]], "lr": args.lr,
                        "warmup": args.warmup, "val_accuracy": accuracy, "history": curve}
             test = export(model, vocab, rules, Path(args.export), figures, args)
             print(f"step {curve['steps'][-1]}: val {accuracy:.4f}, test {test}, "

@@ -42,9 +42,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import shlex
-import subprocess
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -56,7 +53,7 @@ from lecture_pkg.data import shakespeare
 from lecture_pkg.in_context import SPELLINGS, demonstration_windows, spelling_accuracy, spelling_words
 from lecture_pkg.models.gpt import GPT, GPTConfig, lm_batches, next_token_loss
 from lecture_pkg.pretrained import CHECKPOINT, CharTokenizer, eval_starts, load_gpt_weights, nats_per_char
-from lecture_pkg.shipped import save_shipped, shipped_info
+from lecture_pkg.shipped import provenance, save_shipped, shipped_info
 from lecture_pkg.training import adamw, distributed_setup, train, warmup_cosine, wrap_ddp
 
 EVAL_WINDOWS = 64  # validation windows per evaluation during training
@@ -169,9 +166,7 @@ def main(argv: list[str] | None = None) -> None:
                                                       args.block_size, rng, separators)
         return batch
     began = time.perf_counter()
-    command = "python scripts/train_gpt.py " + shlex.join(sys.argv[1:] if argv is None else argv)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=Path(__file__).parent).stdout.strip()
+    run = provenance(__file__, argv)
     curve: dict[str, list] = {"steps": [], "val_nats_per_char": []}
 
     def loss_fn(m: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
@@ -185,8 +180,8 @@ def main(argv: list[str] | None = None) -> None:
             curve["val_nats_per_char"].append(loss)
             figures = {"steps": curve["steps"][-1], "params": sum(
                 p.numel() for p in model.parameters()), "threads": torch.get_num_threads(),
-                "train_seconds": round(time.perf_counter() - began, 1), "command": command,
-                "commit": commit, "val_nats_per_char": loss}
+                "train_seconds": round(time.perf_counter() - began, 1), **run,
+                "val_nats_per_char": loss}
             test = export(model, tokenizer, Path(args.export), args.name, figures, curve,
                           spellings=args.demo_share > 0)
             print(f"step {curve['steps'][-1]}: val {loss:.4f}, test {test:.4f} nats/char, "

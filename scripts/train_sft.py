@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -35,7 +33,7 @@ from lecture_pkg.alignment import (
 )
 from lecture_pkg.models.gpt import GPT
 from lecture_pkg.pretrained import load_shakespeare_gpt, shakespeare_gpt_info
-from lecture_pkg.shipped import save_shipped
+from lecture_pkg.shipped import provenance, save_shipped
 
 TEST_ITEMS, TEST_SEED = 300, 1  # the recorded held-out set
 
@@ -97,8 +95,7 @@ def main(argv: list[str] | None = None) -> None:
                                                  * (0.55 + 0.45 * math.cos(math.pi * s
                                                                            / args.steps)))
     batches = torch.Generator().manual_seed(args.seed)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
+    run = provenance(__file__, argv)
     start = time.time()
     for step in range(1, args.steps + 1):
         model.train()
@@ -112,8 +109,7 @@ def main(argv: list[str] | None = None) -> None:
         if step % args.eval_every == 0 or step == args.steps:
             seconds = time.time() - start
             figures = {"steps": step, "train_seconds": round(seconds, 1), "loss": loss.item(),
-                       "threads": torch.get_num_threads(), "commit": commit,
-                       "command": "python " + " ".join(sys.argv),
+                       "threads": torch.get_num_threads(), **run,
                        "base": {"commit": base.get("commit"), "steps": base.get("steps"),
                                 "val_nats_per_char": base.get("val_nats_per_char")},
                        "train_items": args.train_items, "batch_size": args.batch_size,

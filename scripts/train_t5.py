@@ -18,8 +18,6 @@ always usable.
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -36,7 +34,7 @@ from lecture_pkg.shakespeare_t5 import (
     t5_eval,
     to_chunks,
 )
-from lecture_pkg.shipped import save_shipped
+from lecture_pkg.shipped import provenance, save_shipped
 from lecture_pkg.training import train, warmup_cosine
 
 CHECK_BATCHES = 2
@@ -84,9 +82,7 @@ def main(argv: list[str] | None = None) -> None:
         return t5_loss(m(inputs, shift_right(labels)).logits, labels)
 
     eval_every = args.eval_every or max(1, args.steps // 8)
-    command = "python scripts/train_t5.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=Path(__file__).parent).stdout.strip()
+    run = provenance(__file__, argv)
     curve: dict[str, list] = {"steps": [], "dropped_bytes_accuracy": []}
     began = time.perf_counter()
 
@@ -101,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
                       "params": sum(p.numel() for p in model.parameters()),
                       "threads": torch.get_num_threads(),
                       "train_seconds": round(time.perf_counter() - began, 1),
-                      "command": command, "commit": commit,
+                      **run,
                       "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                       "history": curve}
             test = export(model, Path(args.export), record, held_out)

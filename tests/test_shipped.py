@@ -50,3 +50,21 @@ def test_save_shipped_writes_what_the_readers_expect(tmp_path):
     assert json.loads(text) == {"figures": {"loss": 1.5}} and text.endswith("\n")
     with pytest.raises(ValueError, match="name"):
         save_shipped(tmp_path, "../escape", state, {})
+
+
+def test_provenance_records_a_runnable_command_and_the_commit(tmp_path):
+    import shlex
+    import subprocess
+    from pathlib import Path
+
+    from lecture_pkg.shipped import provenance
+
+    script = Path(__file__).parent.parent / "scripts" / "train_gpt.py"
+    record = provenance(script, ["--demo-separator", ": ", "--steps", "2"])
+    assert shlex.split(record["command"]) == ["python", "scripts/train_gpt.py",
+                                              "--demo-separator", ": ", "--steps", "2"]
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, cwd=script.parent)
+    assert record["commit"] == (head.stdout.strip() if head.returncode == 0 else "")
+    outside = tmp_path / "train_x.py"  # not in a git checkout
+    assert provenance(outside, []) == {"command": "python scripts/train_x.py", "commit": ""}
