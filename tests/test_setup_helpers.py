@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import random
 
 import altair as alt
@@ -11,7 +10,7 @@ import pytest
 import torch
 
 import lecture_pkg
-from lecture_pkg import budget, get_device, is_large_budget, seed_everything, viz
+from lecture_pkg import budget, cpu_threads, generator, get_device, is_large_budget, seed_everything, seeds, viz
 
 
 def test_get_device_default_and_override(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -44,18 +43,59 @@ def test_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("LECTURE_BUDGET")
     monkeypatch.setenv("LECTURE_DEVICE", "cpu")
     assert budget(small=1, large=2) == 1  # a CPU gets the small sizes
+    # a GPU too: the default everywhere is the configuration CI executes
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.delenv("LECTURE_DEVICE")
+    assert budget(small=1, large=2) == 1 and not is_large_budget()
     monkeypatch.setenv("LECTURE_BUDGET", "huge")
     with pytest.raises(ValueError, match="LECTURE_BUDGET"):
         budget(1, 2)
 
 
+def test_seeds_shift_with_the_offset(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LECTURE_SEED_OFFSET", raising=False)
+    assert seeds(3) == [0, 1, 2] and seeds(2, start=10) == [10, 11] and lecture_pkg.seed_offset() == 0
+    monkeypatch.setenv("LECTURE_SEED_OFFSET", "1000")
+    assert seeds(3) == [1000, 1001, 1002] and seeds(1, start=5) == [1005]
+    assert torch.equal(torch.rand(3, generator=generator(5)),
+                       torch.rand(3, generator=torch.Generator().manual_seed(1005)))
+    for bad in ("-1", "1e3", "ten"):
+        monkeypatch.setenv("LECTURE_SEED_OFFSET", bad)
+        with pytest.raises(ValueError, match="LECTURE_SEED_OFFSET must be a non-negative integer"):
+            seeds(1)
+    monkeypatch.delenv("LECTURE_SEED_OFFSET")
+    with pytest.raises(ValueError, match="n must be an int >= 1"):
+        seeds(0)
+    with pytest.raises(ValueError, match="start must be an int >= 0"):
+        seeds(2, start=-1)
+
+
 def test_setup_notebook(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LECTURE_DEVICE", "cpu")
-    assert lecture_pkg.setup_notebook(seed=3) == torch.device("cpu")
-    assert "device: cpu" in capsys.readouterr().out
-    assert alt.renderers.active == "html"
-    assert alt.theme.active == "lecture"  # readable text sizes in the column
-    assert torch.get_num_threads() == min(2, os.cpu_count() or 1)  # results reproduce across machines
+    monkeypatch.delenv("LECTURE_SEED_OFFSET", raising=False)
+    monkeypatch.delenv("LECTURE_THREADS", raising=False)
+    threads = torch.get_num_threads()
+    try:
+        assert lecture_pkg.setup_notebook(seed=3) == torch.device("cpu")
+        assert "device: cpu" in capsys.readouterr().out
+        assert alt.renderers.active == "html"
+        assert alt.theme.active == "lecture"  # readable text sizes in the column
+        assert torch.get_num_threads() == 1  # one thread: fast beside another busy process
+        first = torch.rand(2)
+        monkeypatch.setenv("LECTURE_SEED_OFFSET", "7")
+        monkeypatch.setenv("LECTURE_THREADS", "2")
+        lecture_pkg.setup_notebook(seed=3)
+        assert "seed: 3 + offset 7" in capsys.readouterr().out and torch.get_num_threads() == 2
+        shifted = torch.rand(2)
+        seed_everything(10)
+        assert torch.equal(torch.rand(2), shifted)  # seed 3 + offset 7
+        seed_everything(3)
+        assert torch.equal(torch.rand(2), first)  # offset 0 seeded with the seed itself
+        monkeypatch.setenv("LECTURE_THREADS", "0")
+        with pytest.raises(ValueError, match="LECTURE_THREADS must be a positive integer"):
+            cpu_threads()
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_long_form_and_heatmap() -> None:
