@@ -803,7 +803,8 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
     Returns:
         out: (..., t_q, d_v) in q's dtype (fp16/bf16 accumulate in float32). Autograd works
         through the loop, but it keeps every tile for the backward pass (so training with it
-        needs O(t_q t_k) memory again); the Triton kernel is forward only.
+        needs O(t_q t_k) memory again); the Triton kernels have FlashAttention-2's own backward
+        pass, which keeps only the output and one log-sum-exp per query.
     """
     _check_qkv(q, k, v)
     scale = _default_scale(q, scale)

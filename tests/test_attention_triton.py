@@ -4,7 +4,8 @@ Two lanes:
 * CPU, Triton's interpreter: ``make triton-check`` (TRITON_INTERPRET=1, triton installed) runs
   the kernel's exact code on NumPy at small sizes. float16 only: the interpreter multiplies the
   raw bits of bfloat16 operands in ``tl.dot`` (triton-lang/triton#11584, unsupported upstream).
-* GPU (``@pytest.mark.gpu``): float16 and bfloat16 at realistic sizes, on a CUDA device.
+* GPU (``@pytest.mark.gpu``): float16 and bfloat16 at realistic sizes, on a CUDA device, with the
+  autotuned tiles; the backward pass against float64 gradients.
 * CPU, no Triton needed: which implementation ``backend="auto"`` dispatches to, with the
   kernel's entry points replaced by recorders (so a dispatch bug cannot hide behind a missing GPU).
 Without Triton the kernel tests are skipped; a CPU install never needs it.
@@ -43,6 +44,15 @@ def inputs(batch_heads: tuple[int, ...], t_q: int, t_k: int, head_dim: int, dtyp
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> torch.Tensor:
     """torch SDPA in float32 on the same (rounded) inputs."""
     return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=is_causal)
+
+
+def gradients(attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
+              dtype: torch.dtype | None = None) -> list[torch.Tensor]:
+    """(dq, dk, dv) of ``attend(q, k, v)`` for the output gradient grad_out, on leaf copies of
+    q, k, v (converted to ``dtype`` when given)."""
+    leaves = [x.detach().to(dtype or x.dtype).requires_grad_() for x in (q, k, v)]
+    attend(*leaves).backward(grad_out.to(leaves[0].dtype))
+    return [x.grad for x in leaves]
 
 
 
@@ -122,6 +132,37 @@ def test_interpreted_kernel_matches_sdpa(head_dim: int, is_causal: bool, t_q: in
 
 @interpreter
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("t_q,t_k", SHAPES)
+def test_interpreted_backward_matches_sdpa_gradients(is_causal: bool, t_q: int, t_k: int) -> None:
+    q, k, v = inputs((1, 2), t_q, t_k, 64, torch.float16, "cpu")
+    grad_out = inputs((1, 2), t_q, t_q, 64, torch.float16, "cpu", seed=1)[0]
+    ours = gradients(lambda *x: flash_attention(*x, is_causal=is_causal, backend="triton"),
+                     q, k, v, grad_out)
+    exact = gradients(lambda *x: F.scaled_dot_product_attention(*x, is_causal=is_causal),
+                      q, k, v, grad_out, dtype=torch.float32)
+    for name, mine, expected in zip(("dq", "dk", "dv"), ours, exact):
+        assert mine.dtype == torch.float16, name
+        # fp16 rounding of P and dS before the tile products, as in the forward's second matmul.
+        torch.testing.assert_close(mine.float(), expected, rtol=5e-3, atol=5e-3, msg=name)
+
+
+@interpreter
+def test_interpreted_backward_strided_inputs_and_scale() -> None:
+    """(batch, t, heads, d) viewed as (batch, heads, t, d), and a gradient that is not
+    contiguous either: the kernels read every tensor through its strides."""
+    q, k, v = (x.transpose(1, 2) for x in inputs((2, 96), 3, 3, 64, torch.float16, "cpu"))
+    grad_out = inputs((2, 64), 96, 96, 3, torch.float16, "cpu", seed=1)[0].permute(0, 3, 2, 1)
+    assert not grad_out.is_contiguous() and grad_out.shape == (2, 3, 96, 64)
+    ours = gradients(lambda *x: flash_attention(*x, is_causal=True, scale=0.05, backend="triton"),
+                     q, k, v, grad_out)
+    exact = gradients(lambda *x: F.scaled_dot_product_attention(*x, is_causal=True, scale=0.05),
+                      q, k, v, grad_out, dtype=torch.float32)
+    for mine, expected in zip(ours, exact):
+        torch.testing.assert_close(mine.float(), expected, rtol=5e-3, atol=5e-3)
+
+
+@interpreter
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 def test_interpreted_kernel_small_tiles_for_older_gpus(monkeypatch: pytest.MonkeyPatch,
                                                       is_causal: bool) -> None:
     from lecture_pkg.kernels import flash_attention_triton
@@ -132,6 +173,13 @@ def test_interpreted_kernel_small_tiles_for_older_gpus(monkeypatch: pytest.Monke
     q, k, v = inputs((1, 2), 150, 100, 64, torch.float16, "cpu")
     out = flash_attention(q, k, v, is_causal=is_causal, backend="triton")
     torch.testing.assert_close(out.float(), reference(q, k, v, is_causal), rtol=4e-3, atol=2e-3)
+    grad_out = inputs((1, 2), 150, 150, 64, torch.float16, "cpu", seed=1)[0]
+    ours = gradients(lambda *x: flash_attention(*x, is_causal=is_causal, backend="triton"),
+                     q, k, v, grad_out)
+    exact = gradients(lambda *x: F.scaled_dot_product_attention(*x, is_causal=is_causal),
+                      q, k, v, grad_out, dtype=torch.float32)
+    for mine, expected in zip(ours, exact):
+        torch.testing.assert_close(mine.float(), expected, rtol=5e-3, atol=5e-3)
 
 
 @interpreter
@@ -192,3 +240,28 @@ def test_gpu_torch_loop_matches_sdpa() -> None:
     assert not kernels.flash_attention_applies(q, k, v)
     out = flash_attention(q, k, v, is_causal=True, block_size=128)
     torch.testing.assert_close(out.float(), reference(q, k, v, True), rtol=1.6e-2, atol=1.6e-2)
+
+
+@pytest.mark.gpu
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("t_q,t_k", [(1024, 1024), (1000, 1537), (777, 300)])
+def test_gpu_backward_as_accurate_as_sdpa(dtype: torch.dtype, head_dim: int, is_causal: bool,
+                                          t_q: int, t_k: int) -> None:
+    """Gradients against float64 ones: ours are within 2x the error of torch's own SDPA in the
+    same dtype (plus a small floor), so a wrong tile or a missing mask cannot pass."""
+    q, k, v = inputs((2, 4), t_q, t_k, head_dim, dtype, "cuda")
+    grad_out = inputs((2, 4), t_q, t_q, head_dim, dtype, "cuda", seed=1)[0]
+    ours = gradients(lambda *x: flash_attention(*x, is_causal=is_causal), q, k, v, grad_out)
+    sdpa = gradients(lambda *x: F.scaled_dot_product_attention(*x, is_causal=is_causal),
+                     q, k, v, grad_out)
+    exact = gradients(lambda *x: F.scaled_dot_product_attention(*x, is_causal=is_causal),
+                      q, k, v, grad_out, dtype=torch.float64)
+    for name, mine, theirs, expected in zip(("dq", "dk", "dv"), ours, sdpa, exact):
+        assert mine.dtype == dtype, name
+        our_error = (mine.double() - expected).abs().max().item()
+        sdpa_error = (theirs.double() - expected).abs().max().item()
+        floor = {torch.float16: 1e-3, torch.bfloat16: 8e-3}[dtype]
+        assert our_error <= 2 * sdpa_error + floor, (name, our_error, sdpa_error)

@@ -7,7 +7,8 @@ tested on machines without a GPU.
 
 * :func:`flash_attention_applies` says whether ``flash_attention(backend="auto")`` will use the
   kernel for given inputs (CUDA only); :func:`triton_flash_attention` runs it (CUDA, or the CPU
-  under the interpreter).
+  under the interpreter), differentiably: its backward pass is FlashAttention-2's, two more fused
+  kernels that rebuild each tile of probabilities from the saved log-sum-exp.
 """
 
 from __future__ import annotations
@@ -67,14 +68,38 @@ def flash_attention_applies(q: Tensor, k: Tensor, v: Tensor) -> bool:
     return q.device.type == "cuda" and _unsupported_reason(q, k, v) is None
 
 
+class _FlashAttention(torch.autograd.Function):
+    """The Triton kernels as one differentiable operation. The forward saves q, k, v, the output
+    and one log-sum-exp per query (O(t d) memory); the backward recomputes every tile from them."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, is_causal: bool,  # type: ignore[override]
+                scale: float) -> Tensor:
+        from lecture_pkg.kernels.flash_attention_triton import flash_attention_forward
+
+        out, lse = flash_attention_forward(q, k, v, is_causal=is_causal, scale=scale)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.is_causal, ctx.scale = is_causal, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor  # type: ignore[override]
+                 ) -> tuple[Tensor, Tensor, Tensor, None, None]:
+        from lecture_pkg.kernels.flash_attention_triton import flash_attention_backward
+
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = flash_attention_backward(grad_out, q, k, v, out, lse,
+                                              is_causal=ctx.is_causal, scale=ctx.scale)
+        return dq, dk, dv, None, None
+
+
 def triton_flash_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool,
                            scale: float) -> Tensor:
-    """Run the Triton FlashAttention forward kernel. q: (..., t_q, d), k: (..., t_k, d),
-    v: (..., t_k, d) with identical batch dims; returns (..., t_q, d). Raises ValueError when the
-    kernel does not apply (see :func:`flash_attention_applies`)."""
+    """Run the Triton FlashAttention kernels: forward, and backward under autograd.
+    q: (..., t_q, d), k: (..., t_k, d), v: (..., t_k, d) with identical batch dims; returns
+    (..., t_q, d). Raises ValueError when the kernel does not apply (see
+    :func:`flash_attention_applies`)."""
     reason = _unsupported_reason(q, k, v)
     if reason is not None:
         raise ValueError(f"the Triton flash-attention kernel {reason}")
-    from lecture_pkg.kernels.flash_attention_triton import flash_attention_forward
-
-    return flash_attention_forward(q, k, v, is_causal=is_causal, scale=scale)
+    return _FlashAttention.apply(q, k, v, is_causal, scale)
