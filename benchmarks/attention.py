@@ -3,19 +3,24 @@
 CPU (always): time and peak memory for n up to 8192, float32, one (batch, head) of d = 64, full and
 causal. Checks the targets: at n = 8192, flash_attention uses at most 1/8 of the naive peak memory
 and at most 2x its time.
-GPU (only with CUDA): the Triton kernel vs torch SDPA in TFLOP/s (4 b h n^2 d FLOPs, half of that
-for causal), bfloat16, d in {64, 128}, n from 1k to 16k, causal and not; target: the kernel
-reaches at least SDPA's throughput.
+GPU (only with CUDA): the Triton FlashAttention-2 kernels vs torch SDPA (its default kernel and its
+flash backend) in TFLOP/s (4 b h n^2 d FLOPs for the forward, 2.5x that with the backward, half of
+that for causal), fp16 and bf16, d in {64, 128}, n from 1k to 16k at batch * n = 16k tokens and
+heads * d = 2048, causal and not; every shape's output and gradients checked against float64
+(triton's error within 2x SDPA's in the same dtype). Targets: forward >= 1.0x SDPA, and >= 450
+TFLOP/s at d = 128, n >= 4k on an H100.
 
-Run: .venv/bin/python benchmarks/attention.py [--quick]
+Run: .venv/bin/python benchmarks/attention.py [--quick] [--gpu-only] [--json rows.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import statistics
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -85,37 +90,115 @@ def check_cpu_targets(results: dict[tuple[int, bool], dict], n: int) -> None:
               f"time ratio {seconds:.2f}: {verdict}")
 
 
-def gpu_table(sizes: list[int], tokens: int) -> None:
+GPU_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+ERROR_FLOOR = {torch.float16: 1e-3, torch.bfloat16: 8e-3}  # as in tests/test_attention_triton.py
+
+
+def attention_flops(batch: int, heads: int, n: int, head_dim: int, is_causal: bool,
+                    backward: bool) -> float:
+    """4 b h n^2 d for the forward's two matrix products (2.5x that with the backward's five),
+    halved for causal attention."""
+    forward = 4 * batch * heads * n * n * head_dim / (2 if is_causal else 1)
+    return forward * (2.5 if backward else 1.0)
+
+
+def gpu_errors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
+               is_causal: bool) -> dict[str, dict[str, float]]:
+    """Max absolute error of the output and of dq, dk, dv against float64, for the Triton kernels
+    and for torch's SDPA in the same dtype, on the first two heads of the first batch element
+    (float64 attention over all heads of a 16k sequence would dominate the run)."""
+    q, k, v, grad_out = (x[:1, :2].detach() for x in (q, k, v, grad_out))
+
+    def run(attend, dtype: torch.dtype) -> list[torch.Tensor]:
+        leaves = [x.detach().to(dtype).requires_grad_() for x in (q, k, v)]
+        out = attend(*leaves)
+        out.backward(grad_out.to(dtype))
+        return [out.detach()] + [x.grad for x in leaves]
+
+    exact = run(lambda *x: F.scaled_dot_product_attention(*x, is_causal=is_causal), torch.float64)
+    triton = run(lambda *x: flash_attention(*x, is_causal=is_causal, backend="triton"), q.dtype)
+    sdpa = run(lambda *x: F.scaled_dot_product_attention(*x, is_causal=is_causal), q.dtype)
+    names = ("out", "dq", "dk", "dv")
+    return {impl: {name: (got.double() - want).abs().max().item()
+                   for name, got, want in zip(names, grads, exact)}
+            for impl, grads in (("triton", triton), ("sdpa", sdpa))}
+
+
+def gpu_table(sizes: list[int], tokens: int, hidden: int) -> list[dict]:
+    """Triton FlashAttention-2 against torch SDPA (its default choice of kernel, and its flash
+    backend forced), forward and forward + backward, fp16 and bf16, d = 64 and 128, causal and
+    not, n in ``sizes`` at batch * n = ``tokens`` and heads * d = ``hidden``. Times are
+    triton.testing.do_bench medians (it flushes the L2 cache between runs)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from triton.testing import do_bench
+
     device = torch.device("cuda")
-    print(f"\n## GPU: {torch.cuda.get_device_name(device)}, bfloat16, batch * n = {tokens} tokens, "
-          f"16 heads (d = 64: 32 heads), TFLOP/s = 4 b h n^2 d (causal: half) / median time")
-    print("| d | n | mask | batch x heads | triton TFLOP/s | sdpa TFLOP/s | triton/sdpa | "
-          "triton MiB | sdpa MiB |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for head_dim in (64, 128):
-        heads = 32 if head_dim == 64 else 16
-        for n in sizes:
-            batch = max(1, tokens // n)
-            q, k, v = (torch.randn(batch, heads, n, head_dim, device=device, dtype=torch.bfloat16)
-                       for _ in range(3))
-            for is_causal in (False, True):
-                flops = 4 * batch * heads * n * n * head_dim / (2 if is_causal else 1)
-                fns = {"triton": lambda: flash_attention(q, k, v, is_causal=is_causal,
-                                                         backend="triton"),
-                       "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)}
-                tflops = {name: flops / wall_time(fn, device, repeats=10, warmup=3,
-                                                   statistic="median") / 1e12
-                          for name, fn in fns.items()}
-                memory = {name: peak_memory(fn, device)[1] / MIB for name, fn in fns.items()}
-                print(f"| {head_dim} | {n} | {'causal' if is_causal else 'full'} | {batch} x {heads} "
-                      f"| {tflops['triton']:.0f} | {tflops['sdpa']:.0f} "
-                      f"| {tflops['triton'] / tflops['sdpa']:.2f} | {memory['triton']:.0f} "
-                      f"| {memory['sdpa']:.0f} |")
+    rows = []
+    print(f"\n## GPU: {torch.cuda.get_device_name(device)}, batch * n = {tokens} tokens, "
+          f"heads * d = {hidden}; TFLOP/s = 4 b h n^2 d (x2.5 with the backward, causal: half) "
+          f"/ median time; errors: max |x - float64| on 2 heads, triton / sdpa")
+    print("| dtype | d | n | mask | pass | triton TFLOP/s | sdpa TFLOP/s | sdpa-flash TFLOP/s "
+          "| triton/sdpa | error out | error dq | error dk | error dv |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for dtype_name, dtype in GPU_DTYPES.items():
+        for head_dim in (64, 128):
+            heads = hidden // head_dim
+            for n in sizes:
+                batch = max(1, tokens // n)
+                gen = torch.Generator(device).manual_seed(n + head_dim)
+                q, k, v, grad_out = (torch.randn(batch, heads, n, head_dim, device=device,
+                                                 dtype=dtype, generator=gen) for _ in range(4))
+                for is_causal in (False, True):
+                    errors = gpu_errors(q, k, v, grad_out, is_causal)
+                    accurate = all(errors["triton"][name] <= 2 * errors["sdpa"][name]
+                                   + ERROR_FLOOR[dtype] for name in errors["triton"])
+                    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+
+                    def triton_fwd(x=leaves):
+                        return flash_attention(*x, is_causal=is_causal, backend="triton")
+
+                    def sdpa_fwd(x=leaves):
+                        return F.scaled_dot_product_attention(*x, is_causal=is_causal)
+
+                    def sdpa_flash_fwd(x=leaves):
+                        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                            return sdpa_fwd(x)
+
+                    fns = {"triton": triton_fwd, "sdpa": sdpa_fwd, "sdpa-flash": sdpa_flash_fwd}
+                    for backward in (False, True):
+                        flops = attention_flops(batch, heads, n, head_dim, is_causal, backward)
+                        tflops = {}
+                        for name, fn in fns.items():
+                            def step(fn=fn):
+                                if backward:
+                                    fn().backward(grad_out)
+                                else:
+                                    with torch.no_grad():
+                                        fn()
+                            ms = do_bench(step, warmup=25, rep=100, grad_to_none=leaves,
+                                          return_mode="median")
+                            tflops[name] = flops / (ms * 1e-3) / 1e12
+                        ratio = tflops["triton"] / tflops["sdpa"]
+                        row = {"dtype": dtype_name, "head_dim": head_dim, "n": n, "batch": batch,
+                               "heads": heads, "causal": is_causal,
+                               "pass": "fwd+bwd" if backward else "fwd", "tflops": tflops,
+                               "triton_over_sdpa": ratio, "errors": errors, "accurate": accurate}
+                        rows.append(row)
+                        e = errors
+                        print(f"| {dtype_name} | {head_dim} | {n} | {'causal' if is_causal else 'full'} "
+                              f"| {row['pass']} | {tflops['triton']:.0f} | {tflops['sdpa']:.0f} "
+                              f"| {tflops['sdpa-flash']:.0f} | {ratio:.2f} "
+                              + " | ".join(f"{e['triton'][m]:.1e} / {e['sdpa'][m]:.1e}"
+                                           for m in ("out", "dq", "dk", "dv"))
+                              + (" |" if accurate else " | INACCURATE"), flush=True)
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="sizes up to 2048 only (a smoke run)")
+    parser.add_argument("--gpu-only", action="store_true", help="skip the CPU tables")
+    parser.add_argument("--json", type=Path, default=None, help="also write the GPU rows here")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads for torch (default: torch's choice). On a shared, "
                              "oversubscribed machine 1 thread gives steadier ratios: a stalled "
@@ -126,15 +209,23 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     cpu_sizes = [512, 1024, 2048] if args.quick else [1024, 2048, 4096, 8192]
     print(f"# attention benchmark: torch {torch.__version__}, {platform.processor() or platform.machine()}")
-    results = cpu_table(cpu_sizes, head_dim=64, repeats=3 if args.quick else 5)
-    check_cpu_targets(results, cpu_sizes[-1])
+    if not args.gpu_only:
+        results = cpu_table(cpu_sizes, head_dim=64, repeats=3 if args.quick else 5)
+        check_cpu_targets(results, cpu_sizes[-1])
     if not torch.cuda.is_available():
         print("\nGPU part not run: no CUDA device here.")
         return
     if not kernels.triton_usable(torch.device("cuda")):
         print("\nGPU part not run: Triton is not importable.")
         return
-    gpu_table([1024, 2048] if args.quick else [1024, 2048, 4096, 8192, 16384], tokens=16384)
+    import triton
+
+    rows = gpu_table([1024, 2048] if args.quick else [1024, 2048, 4096, 8192, 16384],
+                     tokens=16384, hidden=2048)
+    if args.json is not None:
+        versions = {"torch": torch.__version__, "triton": triton.__version__,
+                    "cuda": torch.version.cuda, "device": torch.cuda.get_device_name()}
+        args.json.write_text(json.dumps({"versions": versions, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,114 @@
+"""Training throughput of the package's GPT at GPT-2 small's shape on one GPU: tokens/s and model
+FLOP utilisation (MFU), bfloat16 autocast, eager and under ``torch.compile``, measured in one run.
+
+Model: ``lecture_pkg.models.gpt.GPT`` with GPT-2 small's configuration (12 layers, 12 heads,
+d = 768, context 1024), dropout off, and the vocabulary padded from 50,257 to 50,304 (a multiple
+of 64, as nanoGPT does, so the output layer's matrix product tiles evenly). Random tokens: only
+the speed is measured. AdamW (``lecture_pkg.training.adamw``, fused on CUDA).
+
+MFU = achieved FLOP/s / the GPU's dense bf16 peak, with the FLOPs of a training step counted as
+PaLM's appendix B does (and nanoGPT): 6 N per token for the weights (N without the position
+table) plus 12 L d T per token for attention's two matrix products (forward and backward).
+
+Run (GPU only): python benchmarks/train_gpu.py [--batch 16] [--steps 20] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from lecture_pkg.models.gpt import GPT, GPTConfig, next_token_loss
+from lecture_pkg.training import adamw
+
+# Dense bf16 tensor-core peaks (NVIDIA data sheets, SXM parts, without sparsity).
+PEAK_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0}
+
+
+def peak_tflops(device_name: str) -> float | None:
+    for key, peak in PEAK_BF16_TFLOPS.items():
+        if key in device_name:
+            return peak
+    return None
+
+
+def flops_per_token(model: GPT) -> float:
+    config = model.config
+    weights = sum(p.numel() for p in model.parameters()) - model.wpe.weight.numel()
+    return 6 * weights + 12 * config.n_layer * config.n_embd * config.n_positions
+
+
+def measure(compiled: bool, batch: int, steps: int, warmup: int) -> dict[str, float]:
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=50304, dropout=0.0, embd_dropout=0.0)
+    model = GPT(config, device=device)
+    optimizer = adamw(model, lr=3e-4)
+    for group in optimizer.param_groups:
+        group["fused"] = True
+    step_model = torch.compile(model) if compiled else model
+    tokens = torch.randint(0, 50257, (steps + warmup, batch, config.n_positions), device=device)
+
+    def step(i: int) -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = next_token_loss(step_model(tokens[i]).logits, tokens[i])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    start = time.perf_counter()
+    for i in range(warmup):  # compilation (if any) and the allocator's first growth
+        step(i)
+    torch.cuda.synchronize()
+    warmup_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    for i in range(warmup, warmup + steps):
+        step(i)
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    tokens_per_second = steps * batch * config.n_positions / seconds
+    achieved = tokens_per_second * flops_per_token(model) / 1e12
+    peak = peak_tflops(torch.cuda.get_device_name(device))
+    return {"compiled": compiled, "batch": batch, "tokens_per_step": batch * config.n_positions,
+            "step_ms": 1e3 * seconds / steps, "tokens_per_s": tokens_per_second,
+            "tflops": achieved, "mfu": achieved / peak if peak else float("nan"),
+            "warmup_s": warmup_seconds,
+            "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30,
+            "parameters": sum(p.numel() for p in model.parameters())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("Not run: no CUDA device here (this benchmark is for the GPU lane).")
+        return
+    torch.backends.cuda.matmul.allow_tf32 = True
+    name = torch.cuda.get_device_name()
+    print(f"## GPT-2 small shape on {name}: torch {torch.__version__}, bf16 autocast, "
+          f"batch {args.batch} x 1024 tokens, {args.steps} timed steps after {args.warmup}")
+    print("| mode | step ms | tokens/s | TFLOP/s | MFU | peak GiB | warm-up s |")
+    print("|---|---|---|---|---|---|---|")
+    rows = []
+    for compiled in (False, True):
+        row = measure(compiled, args.batch, args.steps, args.warmup)
+        rows.append(row)
+        print(f"| {'torch.compile' if compiled else 'eager'} | {row['step_ms']:.1f} "
+              f"| {row['tokens_per_s']:,.0f} | {row['tflops']:.0f} | {row['mfu']:.1%} "
+              f"| {row['peak_memory_gib']:.1f} | {row['warmup_s']:.1f} |", flush=True)
+        torch.cuda.reset_peak_memory_stats()
+    if args.json is not None:
+        args.json.write_text(json.dumps({"device": name, "torch": torch.__version__,
+                                         "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
