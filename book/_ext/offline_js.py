@@ -10,6 +10,11 @@ files into ``_build/html/_static/vendor/`` after the build and points every page
 copies live only in the build (never in the repository) and deliberately not in a top-level
 ``_static/``: Jupyter Book 1 injects every .js file there into every page. Without node_modules
 (no npm on the machine) the pages keep the CDN addresses, which work wherever there is a network.
+
+It also serves the live GPT page (book/text/07e_live_gpt.md): ``book/live_gpt/`` (the widget's
+script and style, the exported model and its vocabulary) is copied to ``_static/live_gpt/``, and
+onnxruntime-web's single-threaded WebAssembly runtime (``RUNTIME``: its script, module glue and
+.wasm, which the widget loads itself; no page names a CDN for it) to ``_static/vendor/``.
 """
 
 from __future__ import annotations
@@ -63,6 +68,11 @@ VENDORED = [
     Library(re.compile(r"https://cdn\.jsdelivr\.net/npm/mathjax@3/es5/tex-mml-chtml\.js"),
             "mathjax/es5/tex-mml-chtml.js", folders=("output/chtml/fonts/woff-v2", "input/tex/extensions", "ui", "a11y")),
 ]
+# onnxruntime-web's WebAssembly build: the script (global `ort`), the module glue it imports and the
+# .wasm (14 MB, 3.7 MB gzipped), copied for the live GPT page; env.wasm.wasmPaths points at them.
+RUNTIME = ("onnxruntime-web/dist/ort.wasm.min.js", "onnxruntime-web/dist/ort-wasm-simd-threaded.mjs",
+           "onnxruntime-web/dist/ort-wasm-simd-threaded.wasm")
+LIVE_GPT = ("live_gpt.js", "live_gpt.css", "shakespeare_gpt.onnx", "shakespeare_gpt.json")
 FONTS = ("*.woff", "*.woff2", "*.ttf", "*.eot", "*.svg")
 VENDOR_TAG = re.compile(r"<script\b[^>]*_static/vendor/[^>]*>")
 INTEGRITY = re.compile(r'\s(integrity|crossorigin)="[^"]*"')
@@ -103,9 +113,27 @@ def _require_once_in_head(html: str) -> str:
     return html
 
 
+def copy_live_gpt(srcdir: Path, outdir: Path) -> list[str]:
+    """Copy the live GPT's files to _static/live_gpt/ and, where node_modules has it, the WebAssembly
+    runtime to _static/vendor/; return the runtime files node_modules lacks."""
+    live = outdir / "_static" / "live_gpt"
+    live.mkdir(parents=True, exist_ok=True)
+    for name in LIVE_GPT:
+        shutil.copyfile(srcdir / "book" / "live_gpt" / name, live / name)
+    node_modules = srcdir / "node_modules"
+    missing = [f for f in RUNTIME if not (node_modules / f).is_file()]
+    for name in RUNTIME if not missing else ():
+        (outdir / "_static" / "vendor" / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(node_modules / name, outdir / "_static" / "vendor" / name)
+    return missing
+
+
 def vendor_javascript(app: Sphinx, exception: Exception | None) -> None:
     if exception is not None or app.builder.format != "html":
         return
+    missing_runtime = copy_live_gpt(Path(app.srcdir), Path(app.outdir))
+    if missing_runtime:
+        logger.info("offline_js: node_modules lacks %s; the live GPT page will say so", missing_runtime)
     node_modules = Path(app.srcdir) / "node_modules"
     missing = [lib.file for lib in VENDORED if not (node_modules / lib.file).is_file()]
     if missing:
