@@ -1,7 +1,8 @@
 # make book : install (first time), execute every notebook (cached) and build the HTML book in _build/html
 # make test : install, lint and spelling, unit tests (stored outputs current included), Triton kernel via its interpreter,
-#             nbval over every notebook (their one execution), the book build from the stored outputs,
-#             a headless browser check
+#             nbval over every notebook (their one execution, two at a time), the book build from the stored
+#             outputs, a headless browser check
+# make robustness : every notebook under two further seed sets / CPU kernel paths; table in benchmarks/RESULTS.md
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -9,7 +10,7 @@ INSTALLED := $(VENV)/.installed
 VENDORED := node_modules/.package-lock.json
 BUILD_FLAGS := -W -n --keep-going
 
-.PHONY: install book book-no-execute test lint unit nbval browser-check execute stamp checkpoint checkpoint-demos checkpoint-formats bench triton-check clean
+.PHONY: install book book-no-execute test lint unit nbval robustness browser-check execute stamp checkpoint checkpoint-demos checkpoint-formats bench triton-check clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -58,6 +59,7 @@ book-no-execute: install $(NO_EXECUTE_CONFIG)
 NOTEBOOKS ?= book/[0-9]*.ipynb
 # OpenMP threads that wait for work sleep instead of spinning: on a busy machine two spinning
 # threads per notebook multiplied its CPU time several times over; results do not change.
+# (setup_notebook also uses one torch thread per notebook: benchmarks/threads.py.)
 export OMP_WAIT_POLICY := PASSIVE
 
 execute: install
@@ -95,8 +97,22 @@ lint: install
 unit: install
 	$(PY) -m pytest -m "not book" tests/
 
+# nbval executes every notebook, two at a time (one torch thread each; --dist loadfile keeps a
+# notebook's cells in order on one worker). NBVAL_ENV is the variant it runs under: CI_VARIANT runs
+# the book on numbers it did not store (shifted seeds, AVX2 kernels); the worked examples
+# (# NBVAL_CHECK_OUTPUT) must still match exactly and every assert must hold.
+CI_VARIANT := LECTURE_SEED_OFFSET=1000 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2
+NBVAL_ENV ?=
+NBVAL_WORKERS ?= 2
 nbval: install
-	$(PY) -m pytest -p no:cacheprovider --nbval-lax --nbval-current-env --nbval-cell-timeout=300 book/
+	env $(NBVAL_ENV) $(PY) -m pytest -p no:cacheprovider -n $(NBVAL_WORKERS) --dist loadfile \
+	  --nbval-lax --nbval-current-env --nbval-cell-timeout=300 book/
+
+# Every notebook (or NOTEBOOKS=...) under two further variants (seeds offset 2000 with ATen's
+# unvectorised kernels; seeds offset 3000 on this CPU's own kernels): a per-notebook list of failing
+# cells, written as a table into benchmarks/RESULTS.md (scripts/robustness.py). ~2x nbval's time.
+robustness: install
+	$(PY) scripts/robustness.py --write $(if $(filter-out book/[0-9]*.ipynb,$(NOTEBOOKS)),$(NOTEBOOKS))
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
