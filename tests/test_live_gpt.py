@@ -95,3 +95,172 @@ def test_export_script_reproduces_the_shipped_file(gpt, session, tmp_path: Path)
     ids = np.array([gpt[1].encode(PROMPTS[1])])
     for new, old in zip(fresh.run(None, {"input_ids": ids}), session.run(None, {"input_ids": ids})):
         np.testing.assert_array_equal(new, old)
+
+
+# --------------------------------------------------------------------------------------------
+# The live page in headless Chromium, served from _build/html with every other host unresolvable
+# --------------------------------------------------------------------------------------------
+
+PAGE = "07e_live_gpt"
+TYPED = "SECOND CITIZEN.\nOne word, good citizens.\n\nFIRST CITIZEN.\nWe are accounted poor"
+GREEDY_CHARS = 40
+
+# Appended to the body: once the widget is ready it types a prompt as a reader would (value + an
+# input event), reads the bars, heatmap and lens, switches the head, runs greedy decoding and a
+# top-k = 1 sample, sends two bad prompts, and writes everything into <pre id="live-gpt-report">.
+DRIVER = """<script>
+(function () {
+  const root = document.querySelector("div.live-gpt");
+  const report = {steps: []};
+  const until = (name) => new Promise((resolve) => root.addEventListener(name, resolve, {once: true}));
+  const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+  const q = (selector) => root.querySelector(selector);
+  const type = (text) => {
+    const box = q("textarea");
+    box.value = text;
+    box.dispatchEvent(new Event("input"));
+  };
+  const set = (label, value) => {
+    for (const field of root.querySelectorAll("label.live-gpt-field"))
+      if (field.textContent.startsWith(label)) field.querySelector("input").value = String(value);
+  };
+  async function drive() {
+    if (root.dataset.state !== "ready") {
+      const state = await Promise.race([until("live-gpt:ready").then(() => "ready"),
+                                        sleep(60000).then(() => "timeout")]);
+      report.steps.push("ready:" + state + ":" + root.dataset.state);
+    }
+    if (root.dataset.state !== "ready")
+      throw new Error("widget state " + root.dataset.state + ": " + root.textContent.slice(0, 300));
+    const ran = until("live-gpt:ran");
+    type(__TYPED__);
+    await ran;
+    report.bars = [...root.querySelectorAll(".live-gpt-row")].map((row) =>
+      [Number(row.dataset.id), Number(row.dataset.prob), row.querySelector(".live-gpt-prob").textContent]);
+    report.cells = root.querySelectorAll(".live-gpt-heatmap rect").length;
+    report.axis = [...root.querySelectorAll(".live-gpt-heatmap text")].length;
+    report.lens_rows = root.querySelectorAll(".live-gpt-lens tr").length - 1;
+    const before = q(".live-gpt-heatmap svg").getAttribute("aria-label");
+    for (const [name, value] of [["layer", "1"], ["head", "2"]]) {
+      q("select.live-gpt-" + name).value = value;
+      q("select.live-gpt-" + name).dispatchEvent(new Event("change"));
+    }
+    report.heads = [before, q(".live-gpt-heatmap svg").getAttribute("aria-label")];
+    set("characters", __CHARS__);
+    let done = until("live-gpt:generated");
+    q("button.live-gpt-greedy").click();
+    await done;
+    report.greedy = q(".live-gpt-continuation").textContent;
+    set("top-k", 1); set("seed", 7); set("temperature", 1.3);
+    done = until("live-gpt:generated");
+    q("button.live-gpt-sample").click();
+    await done;
+    report.top1 = q(".live-gpt-continuation").textContent;
+    set("top-k", 0); set("top-p", 0.9); set("temperature", 0.8); set("seed", 0);
+    done = until("live-gpt:generated");
+    q("button.live-gpt-sample").click();
+    await done;
+    report.sampled = q(".live-gpt-continuation").textContent;
+    type("h\\u00e9llo \\ud83d\\ude00"); await sleep(1000);
+    report.bad_message = q(".live-gpt-message").textContent;
+    report.bad_state = root.dataset.state;
+    type(""); await sleep(1000);
+    report.empty_message = q(".live-gpt-message").textContent;
+    report.timings = root.dataset.timings;
+  }
+  drive().catch((e) => { report.failure = String(e && e.message || e); }).finally(() => {
+    const pre = document.createElement("pre");
+    pre.id = "live-gpt-report";
+    pre.textContent = JSON.stringify(report);
+    document.body.appendChild(pre);
+  });
+})();
+</script>""".replace("__TYPED__", json.dumps(TYPED)).replace("__CHARS__", str(GREEDY_CHARS))
+
+
+@pytest.fixture(scope="module")
+def live_server():
+    """_build/html on 127.0.0.1 through test_built_book's recording handler, whose "?probe" pages
+    carry its console and error probe in <head>; the live page also gets the driver above."""
+    import functools
+    import http.server
+    import threading
+
+    from test_built_book import HTML, PROBE, RecordingHandler
+
+    if not (HTML / "book" / f"{PAGE}.html").exists():
+        pytest.fail("no built live page in _build/html: run `make book` first")
+
+    class Handler(RecordingHandler):
+        requests: list[tuple] = []
+
+        def do_GET(self) -> None:
+            if self.path != f"/book/{PAGE}.html?probe":
+                return super().do_GET()
+            page = (HTML / "book" / f"{PAGE}.html").read_text(encoding="utf-8")
+            page = page.replace("<head>", "<head>" + PROBE, 1).replace("</body>", DRIVER + "</body>", 1)
+            body = page.encode("utf-8")
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(HTML)))
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}", Handler.requests
+    httpd.shutdown()
+
+
+@pytest.mark.book
+def test_live_page_runs_the_model_offline(gpt, live_server) -> None:
+    """Typed prompt -> the page's bars equal PyTorch's probabilities (1e-4), the heatmap and the
+    lens render, greedy and top-k = 1 give model.generate's characters, bad prompts get a message,
+    no console error, and every request (runtime, .wasm, model) was served by the book itself."""
+    import html
+    import re
+
+    from test_built_book import rendered
+
+    base, log = live_server
+    dom, probe, console = rendered(f"{base}/book/{PAGE}.html?probe")
+    assert not probe["problems"] and not console, \
+        f"errors on the live page: {probe['problems'][:3]} {console[:3]}"
+    found = re.search(r'<pre id="live-gpt-report">(.*?)</pre>', dom, re.S)
+    assert found, "the driver wrote no report: the page's scripts did not finish"
+    report = json.loads(html.unescape(found.group(1)))
+    assert "failure" not in report, f"the live page failed: {report['failure']} ({report['steps']})"
+
+    model, tokenizer = gpt
+    ids = torch.tensor([tokenizer.encode(TYPED)])
+    with torch.no_grad():
+        probs = model(ids).logits[0, -1].softmax(-1)
+    top = probs.topk(10)
+    shown_ids = [row[0] for row in report["bars"]]
+    assert shown_ids == top.indices.tolist(), "the page's top 10 differ from PyTorch's"
+    np.testing.assert_allclose([row[1] for row in report["bars"]], top.values.numpy(), atol=1e-4, rtol=0)
+    shown = [float(row[2].removesuffix(" %")) for row in report["bars"]]  # two decimals, in %
+    np.testing.assert_allclose(shown, 100 * top.values.numpy(), atol=0.005 + 1e-3, rtol=0)
+
+    t = ids.shape[1]
+    window = min(t, 32)
+    assert report["cells"] == window * (window + 1) // 2  # the causal lower triangle
+    assert report["axis"] == 2 * window
+    assert report["heads"] == ["attention weights, layer 1, head 1", "attention weights, layer 2, head 3"]
+    assert report["lens_rows"] == model.config.n_layer
+
+    greedy = model.generate(ids, max_new_tokens=GREEDY_CHARS)
+    expected = tokenizer.decode(greedy[0, t:].tolist())
+    assert report["greedy"] == expected, "the page's greedy continuation differs from model.generate"
+    assert report["top1"] == expected, "top-k = 1 sampling is not greedy on the page"
+    assert len(report["sampled"]) == GREEDY_CHARS and set(report["sampled"]) <= set(tokenizer.chars)
+    assert "\u00e9" in report["bad_message"] and "never seen" in report["bad_message"]
+    assert report["bad_state"] == "invalid"
+    assert "Type a prompt" in report["empty_message"]
+
+    failed = [(path, code) for path, code, *_ in log if code >= 400 and path != "/favicon.ico"]
+    assert not failed, f"requests failed on the local server: {failed[:5]}"
+    served = json.dumps(log)
+    for name in ("ort.wasm.min.js", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm",
+                 "shakespeare_gpt.onnx", "shakespeare_gpt.json", "live_gpt.js"):
+        assert name in served, f"{name} was not loaded from the book's own _static"
