@@ -265,3 +265,22 @@ def test_gpu_backward_as_accurate_as_sdpa(dtype: torch.dtype, head_dim: int, is_
         sdpa_error = (theirs.double() - expected).abs().max().item()
         floor = {torch.float16: 1e-3, torch.bfloat16: 8e-3}[dtype]
         assert our_error <= 2 * sdpa_error + floor, (name, our_error, sdpa_error)
+
+
+def test_recorded_gpu_benchmark_covers_the_grid_and_every_row_was_accurate() -> None:
+    """The shipped GPU run (chapter 2's figures) holds the whole measured grid, every row passed
+    its float64 check, and the rates are physical (below the H200's 989 TFLOP/s bf16 peak)."""
+    run = kernels.recorded_gpu_benchmark()
+    keys = {(r["dtype"], r["head_dim"], r["n"], r["causal"], r["pass"]) for r in run["rows"]}
+    assert keys == {(dtype, d, n, causal, p) for dtype in ("fp16", "bf16") for d in (64, 128)
+                    for n in (1024, 2048, 4096, 8192, 16384) for causal in (False, True)
+                    for p in ("fwd", "fwd+bwd")}
+    for row in run["rows"]:
+        assert row["accurate"] and row["batch"] * row["n"] == run["tokens"]
+        assert row["heads"] * row["head_dim"] == run["hidden"]
+        assert all(0 < rate < 989 for rate in row["tflops"].values())
+        for name in ("out", "dq", "dk", "dv"):
+            floor = {"fp16": 1e-3, "bf16": 8e-3}[row["dtype"]]
+            assert row["errors"]["triton"][name] <= 2 * row["errors"]["sdpa"][name] + floor
+    with pytest.raises(ValueError, match="gpu must be one of"):
+        kernels.recorded_gpu_benchmark("t4")

@@ -8,22 +8,29 @@ tested on machines without a GPU.
 * :func:`flash_attention_applies` says whether ``flash_attention(backend="auto")`` will use the
   kernel for given inputs (CUDA only); :func:`triton_flash_attention` runs it (CUDA, or the CPU
   under the interpreter), differentiably: its backward pass is FlashAttention-2's, two more fused
-  kernels that rebuild each tile of probabilities from the saved log-sum-exp.
+  kernels that rebuild each tile of probabilities from the saved log-sum-exp;
+* :func:`recorded_gpu_benchmark` reads the kernels' measured speed and accuracy against torch's
+  SDPA on a GPU (``benchmarks/attention.py --gpu-only``, shipped as JSON beside this file), so
+  a chapter can show GPU figures on a machine without one.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import json
 import os
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
-__all__ = ["FLASH_HEAD_DIMS", "flash_attention_applies", "triton_flash_attention", "triton_usable"]
+__all__ = ["FLASH_HEAD_DIMS", "flash_attention_applies", "recorded_gpu_benchmark",
+           "triton_flash_attention", "triton_usable"]
 
 FLASH_HEAD_DIMS = (64, 128)  # the head dims the kernel is tested with
 FLASH_DTYPES = (torch.float16, torch.bfloat16)
+RECORDED_RUNS = {"h200": "flash_attention_h200.json"}  # GPU -> the recorded benchmark run
 
 
 @functools.cache
@@ -103,3 +110,13 @@ def triton_flash_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool,
     if reason is not None:
         raise ValueError(f"the Triton flash-attention kernel {reason}")
     return _FlashAttention.apply(q, k, v, is_causal, scale)
+
+
+def recorded_gpu_benchmark(gpu: str = "h200") -> dict:
+    """A recorded run of ``benchmarks/attention.py --gpu-only``: {"device", "date", "versions",
+    "command", "commit", "tokens", "hidden", "rows"}, one row per (dtype, head_dim, n, causal,
+    pass) with TFLOP/s of "triton", "sdpa" (torch's choice of kernel) and "sdpa-flash", and the
+    max errors of out, dq, dk, dv against float64 for "triton" and "sdpa"."""
+    if gpu not in RECORDED_RUNS:
+        raise ValueError(f"gpu must be one of {sorted(RECORDED_RUNS)}, got {gpu!r}")
+    return json.loads((Path(__file__).with_name(RECORDED_RUNS[gpu])).read_text())
