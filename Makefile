@@ -10,7 +10,7 @@ INSTALLED := $(VENV)/.installed
 VENDORED := node_modules/.package-lock.json
 BUILD_FLAGS := -W -n --keep-going
 
-.PHONY: install book book-no-execute test lint unit nbval robustness browser-check execute stamp checkpoint checkpoint-demos checkpoint-formats bench triton-check clean
+.PHONY: install book book-no-execute test lint unit nbval robustness browser-check execute stamp checkpoint checkpoint-demos checkpoint-formats live-gpt bench triton-check clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -128,6 +128,10 @@ triton-check: install
 	TRITON_INTERPRET=1 $(PY) -m pytest -p no:cacheprovider tests/test_attention_triton.py
 
 test: lint unit triton-check nbval book-no-execute browser-check
+
+# The live GPT page's model (book/live_gpt/): the shipped checkpoint exported to ONNX, a few seconds.
+live-gpt: install
+	$(PY) scripts/export_live_gpt.py
 
 bench: install
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -243,7 +243,7 @@ def test_live_page_runs_the_model_offline(gpt, live_server) -> None:
     np.testing.assert_allclose(shown, 100 * top.values.numpy(), atol=0.005 + 1e-3, rtol=0)
 
     t = ids.shape[1]
-    window = min(t, 32)
+    window = min(t, 24)  # live_gpt.js: WINDOW
     assert report["cells"] == window * (window + 1) // 2  # the causal lower triangle
     assert report["axis"] == 2 * window
     assert report["heads"] == ["attention weights, layer 1, head 1", "attention weights, layer 2, head 3"]
@@ -264,3 +264,30 @@ def test_live_page_runs_the_model_offline(gpt, live_server) -> None:
     for name in ("ort.wasm.min.js", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm",
                  "shakespeare_gpt.onnx", "shakespeare_gpt.json", "live_gpt.js"):
         assert name in served, f"{name} was not loaded from the book's own _static"
+
+
+@pytest.mark.book
+def test_live_page_opened_as_a_file_says_how_to_serve_it() -> None:
+    """Opened as file://, the runtime's module glue cannot load: the widget says so in words and
+    gives the one command that serves the book, instead of failing silently."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    from test_built_book import HTML
+
+    page = HTML / "book" / f"{PAGE}.html"
+    if not page.exists():
+        pytest.fail("no built live page in _build/html: run `make book` first")
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if chromium is None:
+        pytest.fail("headless Chromium not found: `make browser-check` installs Debian's chromium")
+    with tempfile.TemporaryDirectory() as profile:
+        result = subprocess.run(
+            [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+             "--disable-background-networking", f"--user-data-dir={profile}",
+             "--host-resolver-rules=MAP * ~NOTFOUND", "--virtual-time-budget=5000", "--dump-dom",
+             page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert 'data-state="file"' in result.stdout, "the widget did not notice it was opened as a file"
+    assert "python -m http.server -d _build/html" in result.stdout

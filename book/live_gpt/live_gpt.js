@@ -13,7 +13,7 @@
   const HERE = SCRIPT ? new URL(".", SCRIPT).href : "../_static/live_gpt/";
   const RUNTIME = new URL("../vendor/onnxruntime-web/dist/", HERE).href;
   const TOP = 10;         // bars in the next-character chart
-  const WINDOW = 32;      // characters shown on each axis of the attention heatmap
+  const WINDOW = 24;      // characters shown on each axis of the attention heatmap
   const SERVE = "python -m http.server -d _build/html";
 
   // ---------------------------------------------------------------- loading the runtime once
@@ -179,13 +179,11 @@
           field("seed", seed), field("characters", length),
         ]),
         el("div", { class: "live-gpt-buttons" }, [greedyButton, sampleButton]), continuation,
+        el("h4", { text: "Logit lens: each layer's guess" }), lens,
       ]),
-      el("div", { class: "live-gpt-panel" }, [
+      el("div", { class: "live-gpt-panel live-gpt-wide" }, [
         el("h4", { text: "Attention of one head" }),
         el("div", { class: "live-gpt-controls" }, [layer, head]), heatmap,
-      ]),
-      el("div", { class: "live-gpt-panel" }, [
-        el("h4", { text: "Logit lens: each layer's guess" }), lens,
       ]),
     ]));
 
@@ -223,13 +221,13 @@
       heatmap.textContent = "";
       if (!current) return;
       const t = current.ids.length, L = Number(layer.value), H = Number(head.value);
-      const from = Math.max(0, t - WINDOW), n = t - from, cell = 14, pad = 16;
-      const box = svg("svg", { viewBox: `0 0 ${pad + n * cell} ${pad + n * cell}`, role: "img",
+      const from = Math.max(0, t - WINDOW), n = t - from, cell = 18, pad = 22, side = pad + n * cell;
+      const box = svg("svg", { viewBox: `0 0 ${side} ${side}`, width: side, height: side, role: "img",
                                "aria-label": `attention weights, layer ${L + 1}, head ${H + 1}` });
       const data = current.attentions.data, base = (L * meta.n_head + H) * t * t;
       for (let q = from; q < t; q++) {
         const y = pad + (q - from) * cell;
-        const label = svg("text", { x: pad - 3, y: y + cell - 3, "text-anchor": "end", class: "live-gpt-axis" });
+        const label = svg("text", { x: pad - 4, y: y + cell - 5, "text-anchor": "end", class: "live-gpt-axis" });
         label.textContent = shown(vocab[current.ids[q]]);
         box.appendChild(label);
         for (let k = from; k <= q; k++) {
@@ -243,7 +241,7 @@
         }
       }
       for (let k = from; k < t; k++) {
-        const label = svg("text", { x: pad + (k - from) * cell + cell / 2, y: pad - 4, "text-anchor": "middle",
+        const label = svg("text", { x: pad + (k - from) * cell + cell / 2, y: pad - 6, "text-anchor": "middle",
                                     class: "live-gpt-axis" });
         label.textContent = shown(vocab[current.ids[k]]);
         box.appendChild(label);
