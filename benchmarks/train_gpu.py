@@ -2,15 +2,16 @@
 FLOP utilisation (MFU), bfloat16 autocast, eager and under ``torch.compile``, measured in one run.
 
 Model: ``lecture_pkg.models.gpt.GPT`` with GPT-2 small's configuration (12 layers, 12 heads,
-d = 768, context 1024), dropout off, and the vocabulary padded from 50,257 to 50,304 (a multiple
-of 64, as nanoGPT does, so the output layer's matrix product tiles evenly). Random tokens: only
+d = 768, context 1024) and, for comparison, GPT-2 medium's (24 layers, 16 heads, d = 1024),
+dropout off, and the vocabulary padded from 50,257 to 50,304 (a multiple of 64, as nanoGPT does,
+so the output layer's matrix product tiles evenly). Random tokens: only
 the speed is measured. AdamW (``lecture_pkg.training.adamw``, fused on CUDA).
 
 MFU = achieved FLOP/s / the GPU's dense bf16 peak, with the FLOPs of a training step counted as
 PaLM's appendix B does (and nanoGPT): 6 N per token for the weights (N without the position
 table) plus 12 L d T per token for attention's two matrix products (forward and backward).
 
-Run (GPU only): python benchmarks/train_gpu.py [--batch 16] [--steps 20] [--json out.json]
+Run (GPU only): python benchmarks/train_gpu.py [--steps 20] [--json out.json]
 """
 
 from __future__ import annotations
@@ -42,10 +43,15 @@ def flops_per_token(model: GPT) -> float:
     return 6 * weights + 12 * config.n_layer * config.n_embd * config.n_positions
 
 
-def measure(compiled: bool, batch: int, steps: int, warmup: int) -> dict[str, float]:
+SHAPES = {"small": {}, "medium": {"n_layer": 24, "n_head": 16, "n_embd": 1024}}
+# (shape, compiled, batch): eager against compiled at one batch, then a larger batch and model.
+RUNS = [("small", False, 16), ("small", True, 16), ("small", True, 32), ("medium", True, 16)]
+
+
+def measure(shape: str, compiled: bool, batch: int, steps: int, warmup: int) -> dict:
     device = torch.device("cuda")
     torch.manual_seed(0)
-    config = GPTConfig(vocab_size=50304, dropout=0.0, embd_dropout=0.0)
+    config = GPTConfig(vocab_size=50304, dropout=0.0, embd_dropout=0.0, **SHAPES[shape])
     model = GPT(config, device=device)
     optimizer = adamw(model, lr=3e-4)
     for group in optimizer.param_groups:
@@ -73,7 +79,7 @@ def measure(compiled: bool, batch: int, steps: int, warmup: int) -> dict[str, fl
     tokens_per_second = steps * batch * config.n_positions / seconds
     achieved = tokens_per_second * flops_per_token(model) / 1e12
     peak = peak_tflops(torch.cuda.get_device_name(device))
-    return {"compiled": compiled, "batch": batch, "tokens_per_step": batch * config.n_positions,
+    return {"shape": shape, "compiled": compiled, "batch": batch, "tokens_per_step": batch * config.n_positions,
             "step_ms": 1e3 * seconds / steps, "tokens_per_s": tokens_per_second,
             "tflops": achieved, "mfu": achieved / peak if peak else float("nan"),
             "warmup_s": warmup_seconds,
@@ -83,7 +89,6 @@ def measure(compiled: bool, batch: int, steps: int, warmup: int) -> dict[str, fl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--json", type=Path, default=None)
@@ -93,15 +98,16 @@ def main() -> None:
         return
     torch.backends.cuda.matmul.allow_tf32 = True
     name = torch.cuda.get_device_name()
-    print(f"## GPT-2 small shape on {name}: torch {torch.__version__}, bf16 autocast, "
-          f"batch {args.batch} x 1024 tokens, {args.steps} timed steps after {args.warmup}")
-    print("| mode | step ms | tokens/s | TFLOP/s | MFU | peak GiB | warm-up s |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"## GPT-2 shapes on {name}: torch {torch.__version__}, bf16 autocast, "
+          f"{args.steps} timed steps after {args.warmup}")
+    print("| shape | mode | batch | step ms | tokens/s | TFLOP/s | MFU | peak GiB | warm-up s |")
+    print("|---|---|---|---|---|---|---|---|---|")
     rows = []
-    for compiled in (False, True):
-        row = measure(compiled, args.batch, args.steps, args.warmup)
+    for shape, compiled, batch in RUNS:
+        row = measure(shape, compiled, batch, args.steps, args.warmup)
         rows.append(row)
-        print(f"| {'torch.compile' if compiled else 'eager'} | {row['step_ms']:.1f} "
+        print(f"| {shape} | {'torch.compile' if compiled else 'eager'} | {batch} "
+              f"| {row['step_ms']:.1f} "
               f"| {row['tokens_per_s']:,.0f} | {row['tflops']:.0f} | {row['mfu']:.1%} "
               f"| {row['peak_memory_gib']:.1f} | {row['warmup_s']:.1f} |", flush=True)
         torch.cuda.reset_peak_memory_stats()

@@ -6,7 +6,8 @@
 #      torch SDPA, fp16/bf16, d 64/128, causal or not, n 1k-16k, every shape against float64;
 #   3. benchmarks/train_gpu.py: GPT-2 small's shape, bf16, tokens/s and MFU, eager and compiled;
 #   4. notebooks at LECTURE_BUDGET=large under nbval, four at a time, until the deadline.
-# Usage: OUT=/some/dir DEADLINE_S=420 bash scripts/gpu_lane.sh [notebook ...]
+# Usage: OUT=/some/dir DEADLINE_S=420 [LANE_STEPS="tests attention train notebooks"] \
+#          bash scripts/gpu_lane.sh [notebook ...]
 # Python packages the machine lacks (nbval, a Jupyter kernel, altair, ...) travel as wheels in
 # .whl/ (see benchmarks/RESULTS.md for the list); lecture_pkg is installed without dependencies.
 set -uo pipefail
@@ -15,6 +16,8 @@ OUT=${OUT:?set OUT to a folder for the results}
 start=$(date +%s)
 deadline=$((start + ${DEADLINE_S:-420}))
 left() { echo $((deadline - $(date +%s))); }
+steps=" ${LANE_STEPS:-tests attention train notebooks} "
+wanted() { [[ "$steps" == *" $1 "* ]]; }
 log="$OUT/lane.log"
 say() { echo "== [$(($(date +%s) - start)) s] $*" | tee -a "$log"; }
 
@@ -28,22 +31,19 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >>"$log" 2>&1 || e
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; date -u;
   python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'transformers', transformers.__version__)"; } 2>&1 | tee -a "$log"
 
-say "1. tests marked gpu"
-timeout $(( $(left) < 240 ? $(left) : 240 )) python3 -m pytest -p no:cacheprovider -q -m gpu \
+wanted tests && say "1. tests marked gpu" && timeout $(( $(left) < 240 ? $(left) : 240 )) python3 -m pytest -p no:cacheprovider -q -m gpu \
   --continue-on-collection-errors tests/test_attention_triton.py tests/test_bert.py \
   tests/test_kernel_regression.py tests/test_masks.py tests/test_positional.py tests/test_quant.py \
   tests/test_t5.py 2>&1 | tail -40 | tee -a "$log"
 
-say "2. attention benchmark"
-timeout $(( $(left) < 240 ? $(left) : 240 )) python3 benchmarks/attention.py --gpu-only \
+wanted attention && say "2. attention benchmark" && timeout $(( $(left) < 240 ? $(left) : 240 )) python3 benchmarks/attention.py --gpu-only \
   --json "$OUT/attention.json" 2>&1 | tee -a "$log"
 
-say "3. training throughput"
-timeout $(( $(left) < 180 ? $(left) : 180 )) python3 benchmarks/train_gpu.py \
+wanted train && say "3. training throughput" && timeout $(( $(left) < 180 ? $(left) : 180 )) python3 benchmarks/train_gpu.py \
   --json "$OUT/train.json" 2>&1 | tee -a "$log"
 
-say "4. notebooks at the large budget ($(left) s left)"
-if [ "$#" -gt 0 ] && [ "$(left)" -gt 30 ]; then
+if wanted notebooks && [ "$#" -gt 0 ] && [ "$(left)" -gt 30 ]; then
+  say "4. notebooks at the large budget ($(left) s left)"
   LECTURE_BUDGET=large MPLBACKEND=Agg timeout $(( $(left) - 10 )) python3 -m pytest \
     -p no:cacheprovider -q --nbval-lax --nbval-current-env --nbval-cell-timeout=300 \
     -n 4 --dist loadfile --durations=0 --junitxml="$OUT/notebooks.xml" "$@" 2>&1 \

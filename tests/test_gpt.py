@@ -358,3 +358,16 @@ def test_script_continues_a_shipped_checkpoint_with_demonstration_lists(tmp_path
     shots = figures["spelling_accuracy"]["shots"]
     assert set(shots) == {"0", "1", "4"} and all(set(v) == {"lower", "upper", "title"}
                                                  for v in shots.values())
+
+
+def test_forward_compiles_as_one_graph() -> None:
+    """torch.compile captures the whole forward: the input checks that read tensor values (ids
+    in the vocabulary, positions in the context) are skipped while compiling, since each would
+    break the graph at every step (the GPU lane measured a 6 % gain from compiling with them)."""
+    model = GPT(GPTConfig(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=4,
+                          dropout=0.0, embd_dropout=0.0))
+    explanation = torch._dynamo.explain(model)(torch.randint(0, 64, (2, 16)))
+    assert explanation.graph_count == 1 and explanation.graph_break_count == 0, \
+        explanation.break_reasons
+    with pytest.raises(ValueError, match="must lie in"):  # eager calls still check the values
+        model(torch.full((1, 4), 64))

@@ -24,8 +24,9 @@ NameTable = Sequence[tuple[str, str]]
 
 def check_token_ids(name: str, ids: object, vocab_size: int, max_positions: int | None = None,
                     batch_shape: tuple[int, ...] | None = None) -> Tensor:
-    """``ids`` if it is an integer tensor (batch, t) with every id in [0, vocab_size), t at most
-    ``max_positions`` and, when given, shape ``batch_shape``; a clear error otherwise."""
+    """``ids`` if it is an integer tensor (batch, t) with every id in [0, vocab_size) (not checked
+    under torch.compile), t at most ``max_positions`` and, when given, shape ``batch_shape``; a
+    clear error otherwise."""
     if not isinstance(ids, Tensor) or ids.is_floating_point() or ids.is_complex() \
             or ids.dtype == torch.bool:
         got = ids.dtype if isinstance(ids, Tensor) else type(ids).__name__
@@ -38,7 +39,10 @@ def check_token_ids(name: str, ids: object, vocab_size: int, max_positions: int 
     if max_positions is not None and ids.shape[1] > max_positions:
         raise ValueError(f"{name} has {ids.shape[1]} positions but the model has at most "
                          f"max_positions={max_positions}")
-    if ids.numel() and not (0 <= int(ids.min()) and int(ids.max()) < vocab_size):
+    # Reading the values syncs with the device and, under torch.compile, would break the graph
+    # at every forward: a compiled model skips this one check.
+    if ids.numel() and not torch.compiler.is_compiling() \
+            and not (0 <= int(ids.min()) and int(ids.max()) < vocab_size):
         raise ValueError(f"{name} must lie in [0, {vocab_size}) (the vocabulary), found ids in "
                          f"[{int(ids.min())}, {int(ids.max())}]")
     return ids

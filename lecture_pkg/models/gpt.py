@@ -150,7 +150,7 @@ class GPT(nn.Module):
         elif tuple(position_ids.shape) not in ((batch, t), (1, t)):
             raise ValueError(f"position_ids must have shape (batch, t) = {(batch, t)}, "
                              f"got {tuple(position_ids.shape)}")
-        last = int(position_ids.max())
+        last = -1 if torch.compiler.is_compiling() else int(position_ids.max())  # as ids
         if last >= self.config.n_positions:
             raise ValueError(f"position {last} is outside the context: the model has "
                              f"n_positions={self.config.n_positions} (prompt plus cached tokens "
