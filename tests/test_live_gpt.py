@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from lecture_pkg import generation
 from lecture_pkg.pretrained import load_shakespeare_gpt
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,6 +98,32 @@ def test_export_script_reproduces_the_shipped_file(gpt, session, tmp_path: Path)
         np.testing.assert_array_equal(new, old)
 
 
+def test_the_build_serves_the_widget_and_the_pinned_runtime(tmp_path: Path) -> None:
+    """offline_js copies book/live_gpt/ to _static/live_gpt/ and onnxruntime-web's three files
+    (from node_modules, pinned in package.json) to _static/vendor/; without them it copies the
+    widget alone and names what is missing."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "book" / "_ext"))
+    from offline_js import LIVE_GPT, RUNTIME, copy_live_gpt
+
+    declared = json.loads((ROOT / "package.json").read_text())["dependencies"]
+    assert declared.get("onnxruntime-web") == "1.30.0"  # exact pin, as the issue's probe used
+    src = tmp_path / "src"
+    (src / "book" / "live_gpt").mkdir(parents=True)
+    for name in LIVE_GPT:
+        (src / "book" / "live_gpt" / name).write_text(name)
+    assert copy_live_gpt(src, tmp_path / "out") == list(RUNTIME)  # no node_modules: all missing
+    assert sorted(p.name for p in (tmp_path / "out" / "_static" / "live_gpt").iterdir()) == sorted(LIVE_GPT)
+    for name in RUNTIME:
+        (src / "node_modules" / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / "node_modules" / name).write_text(name)
+    assert copy_live_gpt(src, tmp_path / "out") == []
+    for name in RUNTIME:
+        assert (tmp_path / "out" / "_static" / "vendor" / name).read_text() == name
+    assert all((LIVE / name).is_file() for name in LIVE_GPT), "book/live_gpt/ lacks a file the build copies"
+
+
 # --------------------------------------------------------------------------------------------
 # The live page in headless Chromium, served from _build/html with every other host unresolvable
 # --------------------------------------------------------------------------------------------
@@ -166,6 +193,8 @@ DRIVER = """<script>
     report.bad_state = root.dataset.state;
     type(""); await sleep(1000);
     report.empty_message = q(".live-gpt-message").textContent;
+    report.filters = __FILTERS__.map(([logits, t, k, p]) =>
+      root.liveGPT.filtered(logits, t, k, p).map((x) => x === -Infinity ? null : x));
     report.timings = root.dataset.timings;
   }
   drive().catch((e) => { report.failure = String(e && e.message || e); }).finally(() => {
@@ -175,7 +204,13 @@ DRIVER = """<script>
     document.body.appendChild(pre);
   });
 })();
-</script>""".replace("__TYPED__", json.dumps(TYPED)).replace("__CHARS__", str(GREEDY_CHARS))
+</script>"""
+# (logits, temperature, top-k (0: off), top-p) for the page's filter; equal to generation.py's.
+FILTER_CASES = [(np.random.default_rng(seed).normal(0, 2, 89).round(3).tolist(), t, k, p)
+                for seed, (t, k, p) in enumerate([(0.7, 5, 1.0), (1.3, 0, 0.8), (1.0, 20, 0.5), (0.5, 1, 0.9)])]
+FILTER_CASES.append(([1.0, 2.0, 2.0, 0.5, 2.0], 1.0, 2, 1.0))  # ties with the k-th are kept
+DRIVER = (DRIVER.replace("__TYPED__", json.dumps(TYPED)).replace("__CHARS__", str(GREEDY_CHARS))
+          .replace("__FILTERS__", json.dumps(FILTER_CASES)))
 
 
 @pytest.fixture(scope="module")
@@ -254,6 +289,14 @@ def test_live_page_runs_the_model_offline(gpt, live_server) -> None:
     assert report["greedy"] == expected, "the page's greedy continuation differs from model.generate"
     assert report["top1"] == expected, "top-k = 1 sampling is not greedy on the page"
     assert len(report["sampled"]) == GREEDY_CHARS and set(report["sampled"]) <= set(tokenizer.chars)
+    for (logits, temperature, top_k, top_p), page in zip(FILTER_CASES, report["filters"], strict=True):
+        ref = generation.apply_temperature(torch.tensor(logits, dtype=torch.float64), temperature)
+        if top_k:
+            ref = generation.top_k_filter(ref, top_k)
+        ref = generation.top_p_filter(ref, top_p)
+        kept = [x is not None for x in page]
+        assert kept == torch.isfinite(ref).tolist(), f"the page filters differently: {temperature, top_k, top_p}"
+        np.testing.assert_allclose([x for x in page if x is not None], ref[torch.isfinite(ref)].numpy(), rtol=1e-12)
     assert "\u00e9" in report["bad_message"] and "never seen" in report["bad_message"]
     assert report["bad_state"] == "invalid"
     assert "Type a prompt" in report["empty_message"]
