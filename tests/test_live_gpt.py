@@ -131,6 +131,7 @@ def test_the_build_serves_the_widget_and_the_pinned_runtime(tmp_path: Path) -> N
 PAGE = "07e_live_gpt"
 TYPED = "SECOND CITIZEN.\nOne word, good citizens.\n\nFIRST CITIZEN.\nWe are accounted poor"
 GREEDY_CHARS = 40
+SPECIAL = "<|endoftext|>ROMEO.\n"  # a special token's text is one id, as in CharTokenizer
 
 # Appended to the body: once the widget is ready it types a prompt as a reader would (value + an
 # input event), reads the bars, heatmap and lens, switches the head, runs greedy decoding and a
@@ -188,6 +189,11 @@ DRIVER = """<script>
     q("button.live-gpt-sample").click();
     await done;
     report.sampled = q(".live-gpt-continuation").textContent;
+    const special = until("live-gpt:ran");
+    type(__SPECIAL__);
+    await special;
+    report.special_bars = [...root.querySelectorAll(".live-gpt-row")].map((row) =>
+      [Number(row.dataset.id), Number(row.dataset.prob)]);
     type("h\\u00e9llo \\ud83d\\ude00"); await sleep(1000);
     report.bad_message = q(".live-gpt-message").textContent;
     report.bad_state = root.dataset.state;
@@ -209,7 +215,8 @@ DRIVER = """<script>
 FILTER_CASES = [(np.random.default_rng(seed).normal(0, 2, 89).round(3).tolist(), t, k, p)
                 for seed, (t, k, p) in enumerate([(0.7, 5, 1.0), (1.3, 0, 0.8), (1.0, 20, 0.5), (0.5, 1, 0.9)])]
 FILTER_CASES.append(([1.0, 2.0, 2.0, 0.5, 2.0], 1.0, 2, 1.0))  # ties with the k-th are kept
-DRIVER = (DRIVER.replace("__TYPED__", json.dumps(TYPED)).replace("__CHARS__", str(GREEDY_CHARS))
+DRIVER = (DRIVER.replace("__TYPED__", json.dumps(TYPED))
+          .replace("__SPECIAL__", json.dumps(SPECIAL)).replace("__CHARS__", str(GREEDY_CHARS))
           .replace("__FILTERS__", json.dumps(FILTER_CASES)))
 
 
@@ -276,6 +283,11 @@ def test_live_page_runs_the_model_offline(gpt, live_server) -> None:
     np.testing.assert_allclose([row[1] for row in report["bars"]], top.values.numpy(), atol=1e-4, rtol=0)
     shown = [float(row[2].removesuffix(" %")) for row in report["bars"]]  # two decimals, in %
     np.testing.assert_allclose(shown, 100 * top.values.numpy(), atol=0.005 + 1e-3, rtol=0)
+
+    with torch.no_grad():
+        special = model(torch.tensor([tokenizer.encode(SPECIAL)])).logits[0, -1].softmax(-1).topk(10)
+    assert [row[0] for row in report["special_bars"]] == special.indices.tolist()
+    np.testing.assert_allclose([row[1] for row in report["special_bars"]], special.values.numpy(), atol=1e-4, rtol=0)
 
     t = ids.shape[1]
     window = min(t, 24)  # live_gpt.js: WINDOW

@@ -189,13 +189,24 @@
 
     function encode(text) {
       if (!text.length) throw new RangeError("Type a prompt: the model needs at least one character to continue.");
-      const unknown = [...new Set([...text].filter((c) => !stoi.has(c)))];
+      const plain = meta.special_tokens.reduce((t, s) => t.split(s).join(""), text);
+      const unknown = [...new Set([...plain].filter((c) => !stoi.has(c)))];
       if (unknown.length) {
         throw new RangeError(`The model has never seen ${unknown.map((c) => JSON.stringify(c)).join(", ")}: ` +
           "its vocabulary is the characters of the Shakespeare corpus (letters, digits, punctuation, " +
           "space and newline). Remove or replace them.");
       }
-      return [...text].map((c) => stoi.get(c)).slice(-meta.n_positions);
+      const ids = [];  // as CharTokenizer.encode: a special token's text becomes its one id
+      const specials = meta.special_tokens.map((s, i) => [s, meta.chars.length + i])
+        .sort((a, b) => b[0].length - a[0].length);
+      for (let i = 0; i < text.length;) {
+        const special = specials.find(([s]) => text.startsWith(s, i));
+        if (special) { ids.push(special[1]); i += special[0].length; continue; }
+        const c = String.fromCodePoint(text.codePointAt(i));
+        ids.push(stoi.get(c));
+        i += c.length;
+      }
+      return ids.slice(-meta.n_positions);
     }
     async function forward(ids) {
       const input = new ort.Tensor("int64", BigInt64Array.from(ids, BigInt), [1, ids.length]);
