@@ -291,8 +291,9 @@ def test_live_page_runs_the_model_offline(gpt, live_server) -> None:
 
     t = ids.shape[1]
     window = min(t, 24)  # live_gpt.js: WINDOW
-    assert report["cells"] == window * (window + 1) // 2  # the causal lower triangle
-    assert report["axis"] == 2 * window
+    earlier = int(t > window)  # a first column holding the weight on the characters before it
+    assert report["cells"] == window * (window + 1) // 2 + earlier * window  # the causal triangle
+    assert report["axis"] == 2 * window + earlier
     assert report["heads"] == ["attention weights, layer 1, head 1", "attention weights, layer 2, head 3"]
     assert report["lens_rows"] == model.config.n_layer
 

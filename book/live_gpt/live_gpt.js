@@ -232,34 +232,47 @@
       heatmap.textContent = "";
       if (!current) return;
       const t = current.ids.length, L = Number(layer.value), H = Number(head.value);
-      const from = Math.max(0, t - WINDOW), n = t - from, cell = 18, pad = 22, side = pad + n * cell;
-      const box = svg("svg", { viewBox: `0 0 ${side} ${side}`, width: side, height: side, role: "img",
+      // the last WINDOW characters; when the prompt is longer, a first column "…" holds each
+      // row's weight on all the earlier characters, so every drawn row still sums to 1
+      const from = Math.max(0, t - WINDOW), n = t - from, extra = from ? 1 : 0;
+      const cell = 18, pad = 22, width = pad + (n + extra) * cell, height = pad + n * cell;
+      const box = svg("svg", { viewBox: `0 0 ${width} ${height}`, width, height, role: "img",
                                "aria-label": `attention weights, layer ${L + 1}, head ${H + 1}` });
       const data = current.attentions.data, base = (L * meta.n_head + H) * t * t;
-      for (let q = from; q < t; q++) {
-        const y = pad + (q - from) * cell;
-        const label = svg("text", { x: pad - 4, y: y + cell - 5, "text-anchor": "end", class: "live-gpt-axis" });
-        label.textContent = shown(vocab[current.ids[q]]);
+      const square = (x, y, w, text) => {
+        const rect = svg("rect", { x, y, width: cell - 1, height: cell - 1, class: "live-gpt-cell",
+                                   "fill-opacity": Math.max(0.03, w).toFixed(3) });
+        const tip = svg("title");
+        tip.textContent = `${text}: ${w.toFixed(3)}`;
+        rect.appendChild(tip);
+        box.appendChild(rect);
+      };
+      const axis = (x, y, anchor, text) => {
+        const label = svg("text", { x, y, "text-anchor": anchor, class: "live-gpt-axis" });
+        label.textContent = text;
         box.appendChild(label);
+      };
+      for (let q = from; q < t; q++) {
+        const y = pad + (q - from) * cell, query = shown(vocab[current.ids[q]]);
+        axis(pad - 4, y + cell - 5, "end", query);
+        if (extra) {
+          let earlier = 0;
+          for (let k = 0; k < from; k++) earlier += data[base + q * t + k];
+          square(pad, y, earlier, `${query} → the ${from} earlier characters`);
+        }
         for (let k = from; k <= q; k++) {
-          const w = data[base + q * t + k];
-          const rect = svg("rect", { x: pad + (k - from) * cell, y, width: cell - 1, height: cell - 1,
-                                     class: "live-gpt-cell", "fill-opacity": Math.max(0.03, w).toFixed(3) });
-          const tip = svg("title");
-          tip.textContent = `${shown(vocab[current.ids[q]])} \u2192 ${shown(vocab[current.ids[k]])}: ${w.toFixed(3)}`;
-          rect.appendChild(tip);
-          box.appendChild(rect);
+          square(pad + (k - from + extra) * cell, y, data[base + q * t + k],
+                 `${query} → ${shown(vocab[current.ids[k]])}`);
         }
       }
+      if (extra) axis(pad + cell / 2, pad - 6, "middle", "…");
       for (let k = from; k < t; k++) {
-        const label = svg("text", { x: pad + (k - from) * cell + cell / 2, y: pad - 6, "text-anchor": "middle",
-                                    class: "live-gpt-axis" });
-        label.textContent = shown(vocab[current.ids[k]]);
-        box.appendChild(label);
+        axis(pad + (k - from + extra) * cell + cell / 2, pad - 6, "middle", shown(vocab[current.ids[k]]));
       }
       heatmap.appendChild(box);
       heatmap.appendChild(el("p", { class: "live-gpt-note", text: from ?
-        `The last ${n} of ${t} characters; rows are queries, columns the keys each attends to.` :
+        `The last ${n} of ${t} characters; the first column (…) is each row's weight on the ` +
+        `${from} earlier ones. Rows are queries, columns the keys each attends to (darker: more weight).` :
         "Rows are queries, columns the keys each attends to (darker: more weight)." }));
     }
     function drawLens() {
