@@ -5,6 +5,7 @@ Boolean masks use True = "may attend", as torch's SDPA does. A mask is 2-D (t_q,
 :func:`combine_masks` bring them to the (batch, heads, t_q, t_k) shape of attention scores.
 
 * who may attend to whom: :func:`causal_mask`, :func:`padding_mask`, :func:`sliding_window_mask`,
+  :func:`sliding_window_causal_mask` (a decoder's window, optionally with attention sinks),
   :func:`longformer_mask` (window + global tokens), :func:`bigbird_mask` (+ random keys),
   :func:`prefix_lm_mask`, and :func:`to_additive_mask` to add a mask to scores in any float dtype;
 * several documents packed into one row: :func:`packed_document_ids`, :func:`document_mask`
@@ -27,7 +28,7 @@ __all__ = [
     "IGNORE_INDEX", "T5_SENTINELS", "apply_span_corruption", "bigbird_mask", "broadcast_mask",
     "causal_mask", "combine_masks", "document_mask", "longformer_mask", "mlm_mask",
     "packed_document_ids", "padding_mask", "position_ids", "prefix_lm_mask", "random_spans",
-    "sliding_window_mask", "span_corruption", "to_additive_mask",
+    "sliding_window_causal_mask", "sliding_window_mask", "span_corruption", "to_additive_mask",
 ]
 
 Device = torch.device | str | None
@@ -111,6 +112,25 @@ def sliding_window_mask(t: int, window: int, causal: bool = False, device: Devic
     i, j = _positions(t, device)
     mask = (i - j).abs() <= window
     return mask & (j <= i) if causal else mask
+
+
+def sliding_window_causal_mask(t: int, window: int, num_sinks: int = 0,
+                               device: Device = None) -> Tensor:
+    """(t, t) bool mask of a decoder's sliding window: query i sees the ``window`` keys
+    i - window < j <= i (itself included), as Mistral and Gemma 2/3's local layers count it
+    (HF's ``sliding_window_causal_mask_function``), so a rolling cache of ``window`` slots holds
+    everything a query needs. With ``num_sinks > 0`` every query also sees the first
+    ``num_sinks`` positions (j < num_sinks, j <= i): StreamingLLM's attention sinks (Xiao et al.,
+    2023). ``window >= t`` gives :func:`causal_mask`.
+
+    Note the count differs from :func:`sliding_window_mask` (``|i - j| <= window``, an encoder's
+    radius): there ``causal=True`` lets each query see window + 1 keys.
+    """
+    check_int("t", t)
+    check_int("window", window, 1)
+    check_int("num_sinks", num_sinks)
+    i, j = _positions(t, device)
+    return (j <= i) & ((i - j < window) | (j < num_sinks))
 
 
 def _global_indicator(t: int, global_tokens: Iterable[int], device: Device) -> Tensor:
