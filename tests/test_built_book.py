@@ -105,7 +105,10 @@ PROBE = """<script>
     chartFonts.sort((a, b) => a[0] - b[0]);
     const out = document.createElement("pre");
     out.id = "probe-report";
+    const searchFields = [...document.querySelectorAll(".search-button-field, .search-button")]
+      .filter((el) => el.getBoundingClientRect().width > 0 && getComputedStyle(el).visibility !== "hidden").length;
     out.textContent = JSON.stringify({problems, overflow, scrolling, chart_fonts: chartFonts.slice(0, 5),
+                                      search_fields: searchFields,
                                       charts: document.querySelectorAll(".vega-embed svg").length,
                                       height: document.documentElement.scrollHeight});
     document.body.appendChild(out);
@@ -148,17 +151,14 @@ def server() -> Iterator[tuple[str, list[tuple[str, int, str]]]]:
     httpd.shutdown()
 
 
-@functools.cache
-def rendered(url: str, width: int = LAPTOP) -> tuple[str, dict, list[str]]:
-    """A page after its scripts ran, from headless Chromium with no network and a window `width`
-    px wide: its DOM (script bodies removed), the probe's report, and the console messages
-    Chromium logged as uncaught errors or failed loads."""
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-    if chromium is None:
+def chromium(url: str, width: int = LAPTOP) -> subprocess.CompletedProcess[str]:
+    """Headless Chromium's --dump-dom of `url` in a window `width` px wide, with no network."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if browser is None:
         pytest.fail("headless Chromium not found: `make browser-check` installs Debian's chromium")
     with tempfile.TemporaryDirectory() as profile:
         result = subprocess.run(
-            [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
              "--hide-scrollbars", "--enable-logging=stderr", "--v=0",
              f"--user-data-dir={profile}", "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
@@ -166,6 +166,15 @@ def rendered(url: str, width: int = LAPTOP) -> tuple[str, dict, list[str]]:
             capture_output=True, text=True, timeout=180,
         )
     assert result.returncode == 0, result.stderr[-2000:]
+    return result
+
+
+@functools.cache
+def rendered(url: str, width: int = LAPTOP) -> tuple[str, dict, list[str]]:
+    """A page after its scripts ran, from headless Chromium with no network and a window `width`
+    px wide: its DOM (script bodies removed), the probe's report, and the console messages
+    Chromium logged as uncaught errors or failed loads."""
+    result = chromium(url, width)
     dom = re.sub(r"<script\b.*?</script>", "", result.stdout, flags=re.S)  # keep rendered elements only
     found = re.search(r'<pre id="probe-report">(.*?)</pre>', dom, re.S)
     assert found, f"{url}: the probe did not report (page did not finish loading?)"
@@ -283,3 +292,24 @@ def test_bertviz_views_draw_their_svg(server: tuple[str, list[tuple[str, int, st
     served = json.dumps(log)
     for lib in ("d3.min.js", "jquery.min.js", "require.js"):
         assert lib in served, f"{lib} was not loaded from the book's own _static/vendor"
+
+
+def test_search_finds_pages_and_quotes_formulas_as_text(server: tuple[str, list[tuple[str, int, str]]]) -> None:
+    """The search page lists chapters for a query, and its excerpts show formulas as text, not
+    as LaTeX source (book/_ext/reader_view/reader_view.js)."""
+    base, _ = server
+    dom = re.sub(r"<script\b.*?</script>", "", chromium(f"{base}/search.html?q=softmax+scaled").stdout, flags=re.S)
+    results = re.findall(r'<li[^>]*>\s*<a[^>]*href="([^"]+)"', dom)
+    assert any("02_attention" in href for href in results), f"search for softmax found {results[:5]}"
+    excerpts = " ".join(re.findall(r'<p class="context"[^>]*>(.*?)</p>', dom, re.S))
+    assert excerpts, "search results carry no excerpts"
+    latex = re.findall(r"\\[()\[\]]|\\(?:operatorname|frac|sqrt|mathrm)\b", excerpts)
+    assert not latex, f"raw LaTeX in search excerpts: {latex[:5]}"
+
+
+def test_one_search_box(server: tuple[str, list[tuple[str, int, str]]]) -> None:
+    """At 1280 px the reader sees one search field (the theme's header bar held a second one)."""
+    base, _ = server
+    dom, _, _ = rendered(page_url(base, "02_attention"))
+    report = json.loads(html.unescape(re.search(r'<pre id="probe-report">(.*?)</pre>', dom, re.S).group(1)))
+    assert report["search_fields"] == 1, f"{report['search_fields']} search fields visible"

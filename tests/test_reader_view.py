@@ -65,6 +65,7 @@ def test_a_script_registered_twice_is_written_once() -> None:
                _Script("a.js", defer="defer"), _Script("", body="let x = 1;")]
     context: dict = {"script_files": scripts}
     one_copy_of_each_script(None, "page", "page.html", context, None)
+    assert context["script_files"] is scripts  # the builder's list: later handlers still add to it
     kept = [(s.filename or "", s.attributes) for s in context["script_files"]]
     assert kept == [("", {"body": thebe}), ("a.js", {}), ("a.js", {"defer": "defer"}),
                     ("", {"body": "let x = 1;"})]

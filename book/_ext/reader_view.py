@@ -13,6 +13,8 @@
   (sphinx-thebe's ``const THEBE_JS_URL``) no longer put it twice on a page; the jupyter-widgets
   manager, written for MathJax 2, finds the ``MathJax.Hub.Queue`` it calls (MathJax 3 typesets
   instead); the theme gets a valid default colour mode; the book has a favicon.
+* One search box (the theme's header bar held a second one), and search results quote formulas as
+  plain text instead of raw LaTeX (reader_view/reader_view.js).
 """
 
 from __future__ import annotations
@@ -122,26 +124,8 @@ def one_copy_of_each_script(app: Sphinx, pagename: str, templatename: str, conte
         if key not in seen:
             seen.add(key)
             unique.append(script)
-    context["script_files"] = unique
-
-
-# The jupyter-widgets HTML manager typesets widget labels with MathJax 2's MathJax.Hub.Queue; the
-# book loads MathJax 3, where that call throws "Cannot read properties of undefined (reading
-# 'Queue')". This gives it MathJax 3's equivalent.
-MATHJAX2_QUEUE_SHIM = """(() => {
-  const typeset = (job) => {
-    const el = Array.isArray(job) ? job[2] : undefined;
-    const mj = window.MathJax;
-    const run = () => mj.typesetPromise ? mj.typesetPromise(el ? [el] : undefined) : undefined;
-    const ready = mj.startup && mj.startup.promise ? mj.startup.promise : Promise.resolve();
-    ready.then(run).catch(() => {});
-  };
-  const install = () => {
-    if (window.MathJax && !window.MathJax.Hub) window.MathJax.Hub = {Queue: typeset};
-  };
-  install();
-  document.addEventListener("DOMContentLoaded", install);
-})();"""
+    # in place: the list is the builder's own, which later handlers (MathJax's) still add to
+    scripts[:] = unique
 
 
 def setup(app: Sphinx) -> dict[str, object]:
@@ -155,5 +139,5 @@ def setup(app: Sphinx) -> dict[str, object]:
     app.connect("html-page-context", one_copy_of_each_script, priority=100)
     app.add_css_file("reader_view.css")
     # after MathJax 3's configuration (an inline script that replaces window.MathJax)
-    app.add_js_file(None, body=MATHJAX2_QUEUE_SHIM, priority=900)
+    app.add_js_file("reader_view.js", priority=900)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
