@@ -1,9 +1,12 @@
 """The live page's model (book/live_gpt/, written by scripts/export_live_gpt.py) against PyTorch.
 
 The first tests run the shipped ONNX file with onnxruntime (Python) on fixed prompts and compare
-logits, every head's attention weights and the logit lens with the package's GPT. The last one
-(marked ``book``) opens the built page in headless Chromium with every other host unresolvable,
-types a prompt into the widget and compares the probabilities it shows with PyTorch's.
+logits, every head's attention weights and the logit lens with the package's GPT; one checks
+what the build copies (book/_ext/offline_js.py). The last two (marked ``book``, run by `make
+browser-check`) open the built page in headless Chromium with every other host unresolvable: a
+driver types prompts into the widget and the test compares what it shows (probabilities, greedy
+and top-k = 1 continuations, the top-k/top-p filter) with PyTorch's; opened as file://, the page
+says how to serve the book.
 """
 
 from __future__ import annotations
