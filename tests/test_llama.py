@@ -4,6 +4,11 @@ padding, the grouped-query cache, and configurations refused by name."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import math
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -202,3 +207,25 @@ def test_bad_inputs_are_refused_by_name() -> None:
         ours(ids(), cache=[])
     with pytest.raises(ValueError, match="pass do_sample=True"):
         ours.generate(ids(), top_k=3)
+
+
+def test_scaling_sweep_script_writes_its_runs(tmp_path) -> None:
+    """scripts/scaling_sweep.py at its tiny preset: every planned run recorded with its config,
+    its compute 6ND and a curve that ends at the recorded loss."""
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "scaling_sweep.py"
+    spec = importlib.util.spec_from_file_location("scaling_sweep", path)
+    assert spec is not None and spec.loader is not None
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    out = tmp_path / "sweep.json"
+    payload = sweep.main(["--preset", "tiny", "--flops", "1e9", "--holdout-flops", "1e9",
+                          "--device", "cpu", "--out", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(payload))
+    runs = payload["runs"]
+    assert payload["complete"] and [r["role"] for r in runs] == ["grid", "holdout"]
+    for run in runs:
+        assert run["tokens"] == run["steps"] * run["batch_size"] * run["block_size"]
+        assert run["flops"] == 6 * run["non_embedding_params"] * run["tokens"]
+        assert run["curve"]["val_loss"][-1] == run["val_loss"]
+        assert 0 < run["val_loss"] < math.log(payload["vocab_size"]) + 0.5
