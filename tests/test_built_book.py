@@ -35,6 +35,7 @@ CHAPTERS = sorted(p.stem for p in (ROOT / "book").glob("*.ipynb"))
 PAGES = ["intro", *CHAPTERS, "bibliography"]  # every page the table of contents lists
 LAPTOP, PHONE = 1280, 390  # window widths, px
 MIN_CHART_FONT_PX = 10  # the smallest chart text a reader can read on a phone, as drawn
+MAX_PAGE_PX = 27_000  # about 30 screens at 1280 px: a longer chapter is split into pages
 
 
 # Inserted right after <head> of a page served as "<page>.html?probe": it hooks the console and the
@@ -72,6 +73,7 @@ PROBE = """<script>
     return `${kind} (${where}, ${el.tagName.toLowerCase()}.${el.className}) "${first}"`;
   };
   function report() {
+    const height = document.documentElement.scrollHeight;  // as the reader first sees it
     for (const d of document.querySelectorAll("details")) d.open = true;
     for (const el of document.querySelectorAll(".toggle-hidden, .tag_hide-input .cell_input"))
       el.classList.remove("toggle-hidden");
@@ -110,7 +112,7 @@ PROBE = """<script>
     out.textContent = JSON.stringify({problems, overflow, scrolling, chart_fonts: chartFonts.slice(0, 5),
                                       search_fields: searchFields,
                                       charts: document.querySelectorAll(".vega-embed svg").length,
-                                      height: document.documentElement.scrollHeight});
+                                      height});
     document.body.appendChild(out);
   }
   window.addEventListener("load", () => setTimeout(report, 8000));
@@ -237,6 +239,15 @@ def test_content_fits_the_column(server: tuple[str, list[tuple[str, int, str]]],
     source = (HTML / "book" / f"{page}.html").read_text(encoding="utf-8")
     shown = re.findall(r"NBVAL_[A-Z_]+|# noqa", source)
     assert not shown, f"{page}: tool markers shown to readers: {shown[:3]}"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_page_is_at_most_30_screens(server: tuple[str, list[tuple[str, int, str]]], page: str) -> None:
+    """At 1280 px, with folded cells folded, a page is at most MAX_PAGE_PX tall."""
+    base, _ = server
+    _, report, _ = rendered(page_url(base, page))
+    assert report["height"] <= MAX_PAGE_PX, \
+        f"{page}: {report['height']} px at {LAPTOP} px ({report['height'] / 900:.0f} screens): split it into pages"
 
 
 CHART_PAGES = [c for c in CHAPTERS if "vega-embed" in (ROOT / "book" / f"{c}.ipynb").read_text(encoding="utf-8")]
