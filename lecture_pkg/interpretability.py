@@ -36,8 +36,9 @@ from lecture_pkg.models.gpt import GPT, GPTConfig
 __all__ = [
     "NoFeedForward", "ablate_heads", "activation_patching", "attention_only_gpt",
     "composition_scores", "direct_logit_attribution", "head_means", "head_weights",
-    "induction_scores", "logit_difference", "logit_lens", "nats_lost", "ov_copying_scores", "previous_token_scores",
-    "repeat_losses", "repeated_tokens", "run_with_cache", "token_losses",
+    "induction_scores", "logit_difference", "logit_lens", "nats_lost", "ov_copying_scores",
+    "prefix_matches", "previous_token_scores", "repeat_losses", "repeated_tokens",
+    "row_losses", "run_with_cache", "token_losses",
 ]
 
 Head = tuple[int, int]
@@ -244,19 +245,35 @@ def previous_token_scores(patterns: Sequence[Tensor]) -> Tensor:
     return p.diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=(1, 3))
 
 
-def induction_scores(patterns: Sequence[Tensor], lengths: Tensor) -> Tensor:
-    """(layers, heads): on :func:`repeated_tokens` rows, each head's mean attention from a
-    position i of the second copy to i - L + 1, the token that followed the earlier
-    occurrence of the current token (Olsson et al.'s prefix-matching score); queries i run
-    over L .. t - 2, the positions whose next token is a copied one.
-    """
+def prefix_matches(ids: Tensor) -> Tensor:
+    """(batch, t, t) bool: [b, i, j] is True when key j follows an earlier occurrence of the
+    token at query i (1 <= j <= i and ids[b, j - 1] == ids[b, i]): where an induction head
+    looks."""
+    if not isinstance(ids, Tensor) or ids.dim() != 2:
+        raise ValueError(f"ids must have shape (batch, t), got "
+                         f"{getattr(ids, 'shape', type(ids).__name__)}")
+    t = ids.shape[1]
+    previous = torch.cat([ids.new_full((ids.shape[0], 1), -1), ids[:, :-1]], dim=1)
+    same = ids[:, :, None] == previous[:, None, :]  # [b, i, j]: ids[i] == ids[j - 1]
+    return same & torch.ones(t, t, dtype=torch.bool, device=ids.device).tril()
+
+
+def induction_scores(patterns: Sequence[Tensor], ids: Tensor) -> Tensor:
+    """(layers, heads): Olsson et al.'s prefix-matching score, each head's mean attention on
+    the keys that follow an earlier occurrence of the query's token (:func:`prefix_matches`),
+    over the queries that have one. An induction head scores near 1; on
+    :func:`repeated_tokens` rows a head attending a fixed distance back scores near 0 except
+    at the one distance L - 1."""
     p = _stack_patterns(patterns)
-    t = p.shape[-1]
-    _, second = _copy_positions(lengths, t)  # second[b, i]: query i predicts a copied token
-    batch, query = second.nonzero(as_tuple=True)
-    key = query - lengths[batch] + 1
-    picked = p[:, batch, :, query, key]  # (n_queries, layers, heads): indices go first
-    return picked.mean(dim=0)
+    matches = prefix_matches(ids)
+    if tuple(matches.shape) != tuple(p.shape[1:2]) + tuple(p.shape[-2:]):
+        raise ValueError(f"ids {tuple(ids.shape)} do not match patterns over "
+                         f"{p.shape[-1]} positions for batch {p.shape[1]}")
+    has_match = matches.any(-1)  # (batch, t): queries whose token occurred before
+    if not bool(has_match.any()):
+        raise ValueError("no query in ids has an earlier occurrence of its token")
+    on_matches = (p * matches[None, :, None].to(p.dtype)).sum(-1)  # (layers, batch, heads, t)
+    return (on_matches * has_match[None, :, None]).sum(dim=(1, 3)) / has_match.sum()
 
 
 # --------------------------------------------------------------------------------------------
@@ -485,15 +502,20 @@ def logit_difference(right: int, wrong: int) -> Callable[[Tensor], Tensor]:
     return metric
 
 
+@torch.no_grad()
+def row_losses(model: GPT, ids: Tensor,
+               edit: dict[str, Callable[[Tensor], Tensor]] | None = None) -> Tensor:
+    """Each row's mean next-token loss (nats), with ``edit`` applied on the way: (batch,). It
+    runs the fused attention kernel (no patterns are recorded)."""
+    model = _check_gpt(model)
+    ids = _check_ids("ids", ids, model)
+    unknown = set(edit or {}) - _names(model)
+    if unknown:
+        raise KeyError(f"edit names {sorted(unknown)} are not activations of this model")
+    with _hooked(model, None, edit):
+        return token_losses(model, ids).mean(-1)
+
+
 def nats_lost(model: GPT, ids: Tensor, edit: dict[str, Callable[[Tensor], Tensor]]) -> Tensor:
     """Per-row increase of the mean next-token loss (nats) when ``edit`` is applied: (batch,)."""
-    with torch.no_grad():
-        clean, _ = run_with_cache(model, ids)
-        edited, _ = run_with_cache(model, ids, edit)
-
-    def per_row(logits: Tensor) -> Tensor:
-        logp = torch.log_softmax(logits[:, :-1], -1)
-        return -logp.gather(-1, ids[:, 1:, None]).squeeze(-1).mean(-1)
-
-    return per_row(edited) - per_row(clean)
-
+    return row_losses(model, ids, edit) - row_losses(model, ids)

@@ -21,9 +21,11 @@ from lecture_pkg.interpretability import (
     logit_lens,
     nats_lost,
     ov_copying_scores,
+    prefix_matches,
     previous_token_scores,
     repeat_losses,
     repeated_tokens,
+    row_losses,
     run_with_cache,
     token_losses,
 )
@@ -164,8 +166,20 @@ def test_hooks_are_removed_and_bad_names_refused():
 
 # ---------------------------------------------------------------- attention scores
 
+def test_prefix_matches_by_hand():
+    ids = torch.tensor([[5, 6, 7, 5, 6, 5]])
+    matches = prefix_matches(ids)
+    # query 3 (token 5): key 1 follows the 5 at 0; query 5 (token 5): keys 1 and 4
+    expected = torch.zeros(1, 6, 6, dtype=torch.bool)
+    expected[0, 3, 1] = expected[0, 5, 1] = expected[0, 5, 4] = True
+    expected[0, 4, 2] = True  # query 4 (token 6): key 2 follows the 6 at 1
+    assert torch.equal(matches, expected)
+
+
 def test_previous_token_and_induction_scores_on_hand_built_patterns():
     t, length = 10, 5
+    ids, _ = repeated_tokens(1, t, 50, generator=torch.Generator().manual_seed(0))
+    assert len(set(ids[0, :length].tolist())) == length  # no chance repeats in this draw
     previous = torch.zeros(1, 1, t, t)
     previous[0, 0, 0, 0] = 1.0
     previous[0, 0, torch.arange(1, t), torch.arange(t - 1)] = 1.0
@@ -175,36 +189,39 @@ def test_previous_token_and_induction_scores_on_hand_built_patterns():
     induction[0, 0, queries, 0] = 0.0
     induction[0, 0, queries, queries - length + 1] = 1.0
     patterns = [torch.cat([previous, induction], dim=1)]  # one layer, two heads
-    lengths = torch.tensor([length])
     # the induction head's query 1 attends to position 0, its previous token: 1 of 9 queries
     assert previous_token_scores(patterns).tolist() == [[1.0, pytest.approx(1 / 9)]]
-    assert induction_scores(patterns, lengths).tolist() == [[pytest.approx(0.0), 1.0]]
+    assert induction_scores(patterns, ids).tolist() == [[0.0, 1.0]]
 
 
 def test_scores_of_a_model_attending_uniformly():
     """Zero query weights and biases: every head averages over its causal prefix, so the
-    previous-token score is the mean of 1 / (i + 1) and the induction score is known too."""
+    previous-token score is the mean of 1 / (i + 1) and the induction score is the mean share
+    of matching keys."""
     model = small_gpt(n_layer=1)
     with torch.no_grad():
         model.blocks[0].self_attn.q_proj.weight.zero_()
         model.blocks[0].self_attn.q_proj.bias.zero_()
-    ids, lengths = repeated_tokens(4, 12, 11, min_length=3,
-                                   generator=torch.Generator().manual_seed(3))
+    ids, _ = repeated_tokens(4, 12, 11, min_length=3, generator=torch.Generator().manual_seed(3))
     _, cache = run_with_cache(model, ids)
     expected = sum(1 / (i + 1) for i in range(1, 12)) / 11
     torch.testing.assert_close(previous_token_scores([cache["pattern0"]]),
                                torch.full((1, 3), expected, dtype=torch.float64))
-    queries = [1 / (i + 1) for length in lengths.tolist() for i in range(length, 11)]
-    torch.testing.assert_close(induction_scores([cache["pattern0"]], lengths),
-                               torch.full((1, 3), sum(queries) / len(queries),
+    shares = [sum(int(ids[b, j - 1] == ids[b, i]) for j in range(1, i + 1)) / (i + 1)
+              for b in range(4) for i in range(12)
+              if any(int(ids[b, j - 1] == ids[b, i]) for j in range(1, i + 1))]
+    torch.testing.assert_close(induction_scores([cache["pattern0"]], ids),
+                               torch.full((1, 3), sum(shares) / len(shares),
                                           dtype=torch.float64))
 
 
 def test_scores_reject_bad_patterns():
     with pytest.raises(ValueError, match="patterns"):
         previous_token_scores([torch.ones(3, 3)])
-    with pytest.raises(ValueError, match="lengths"):
-        induction_scores([torch.ones(1, 1, 6, 6)], torch.tensor([4]))
+    with pytest.raises(ValueError, match="do not match"):
+        induction_scores([torch.ones(1, 1, 6, 6)], torch.zeros(2, 6, dtype=torch.long))
+    with pytest.raises(ValueError, match="no query"):
+        induction_scores([torch.ones(1, 1, 3, 3)], torch.tensor([[1, 2, 3]]))
 
 
 # ---------------------------------------------------------------- circuits from the weights
@@ -387,3 +404,16 @@ def test_patching_reproduces_the_clean_and_the_corrupted_runs():
     torch.testing.assert_close(same, torch.full((3, 10), clean_value, dtype=torch.float32))
     with pytest.raises(ValueError, match="same shape"):
         activation_patching(model, clean, corrupt[:, :5], metric)
+
+
+def test_row_losses_on_the_fused_path_match_the_hooked_run():
+    model = small_gpt()
+    ids = ids_for(model)
+    edit = ablate_heads(model, [(0, 2)])
+    logits, _ = run_with_cache(model, ids, edit)  # the package's attention, patterns recorded
+    expected = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:],
+                                                 reduction="none").mean(-1)
+    torch.testing.assert_close(row_losses(model, ids, edit), expected)
+    torch.testing.assert_close(row_losses(model, ids), token_losses(model, ids).mean(-1))
+    with pytest.raises(KeyError, match="not activations"):
+        row_losses(model, ids, {"z7": lambda z: z})
