@@ -83,3 +83,16 @@ const readerViewPlainMath = (() => {
     fit();
   });
 })();
+
+/* require.js gives up on a module that takes more than 7 s to load ("Load timeout for modules:
+   vega,vega-lite") and the chart stays blank; on a busy machine vega's 1 MB can take that long. A
+   missing file still fails at once (the script's error event), so no time limit is needed. */
+(() => {
+  // require.js comes before this file on widget pages and after it (end of <head>) on bertviz
+  // pages; its time limit is checked as modules load, so setting it by DOMContentLoaded is in time.
+  const noTimeout = () => {
+    if (typeof window.require === "function" && window.require.config) window.require.config({ waitSeconds: 0 });
+  };
+  noTimeout();
+  document.addEventListener("DOMContentLoaded", noTimeout);
+})();
