@@ -39,9 +39,10 @@ VARIANTS: dict[str, dict[str, str]] = {
 DEFAULT = ["seeds2000-default", "seeds3000"]
 
 
-def run_variant(name: str, notebooks: list[str], workers: int, timeout: int) -> dict[str, tuple[list[str], float]]:
+def run_variant(name: str, notebooks: list[str], workers: int, timeout: int,
+                report_dir: Path = ROOT / "_build" / "robustness") -> dict[str, tuple[list[str], float]]:
     """Run nbval under variant ``name``: {notebook: (failing cells, seconds)}."""
-    report = ROOT / "_build" / "robustness" / f"{name}.xml"
+    report = report_dir / f"{name}.xml"
     report.parent.mkdir(parents=True, exist_ok=True)
     report.unlink(missing_ok=True)
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", **VARIANTS[name]}
