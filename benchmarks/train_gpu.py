@@ -12,6 +12,7 @@ PaLM's appendix B does (and nanoGPT): 6 N per token for the weights (N without t
 table) plus 12 L d T per token for attention's two matrix products (forward and backward).
 
 Run (GPU only): python benchmarks/train_gpu.py [--steps 20] [--json out.json]
+                [--runs small/eager/16 small/compiled/16 ...]
 """
 
 from __future__ import annotations
@@ -44,8 +45,17 @@ def flops_per_token(model: GPT) -> float:
 
 
 SHAPES = {"small": {}, "medium": {"n_layer": 24, "n_head": 16, "n_embd": 1024}}
-# (shape, compiled, batch): eager against compiled at one batch, then a larger batch and model.
-RUNS = [("small", False, 16), ("small", True, 16), ("small", True, 32), ("medium", True, 16)]
+# shape/mode/batch: eager against compiled at one batch, then a larger batch and model.
+RUNS = ["small/eager/16", "small/compiled/16", "small/compiled/32", "medium/compiled/16"]
+
+
+def parse_run(run: str) -> tuple[str, bool, int]:
+    """'small/compiled/16' -> ('small', True, 16)."""
+    shape, mode, batch = run.split("/")
+    if shape not in SHAPES or mode not in ("eager", "compiled") or not batch.isdigit():
+        raise ValueError(f"--runs takes shape/mode/batch with shape in {sorted(SHAPES)}, mode "
+                         f"eager or compiled, e.g. small/compiled/16; got {run!r}")
+    return shape, mode == "compiled", int(batch)
 
 
 def measure(shape: str, compiled: bool, batch: int, steps: int, warmup: int) -> dict:
@@ -92,7 +102,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--runs", nargs="+", default=RUNS, help="shape/mode/batch, e.g. "
+                        "small/compiled/16 (default: %(default)s)")
     args = parser.parse_args()
+    runs = [parse_run(run) for run in args.runs]
     if not torch.cuda.is_available():
         print("Not run: no CUDA device here (this benchmark is for the GPU lane).")
         return
@@ -103,7 +116,7 @@ def main() -> None:
     print("| shape | mode | batch | step ms | tokens/s | TFLOP/s | MFU | peak GiB | warm-up s |")
     print("|---|---|---|---|---|---|---|---|---|")
     rows = []
-    for shape, compiled, batch in RUNS:
+    for shape, compiled, batch in runs:
         row = measure(shape, compiled, batch, args.steps, args.warmup)
         rows.append(row)
         print(f"| {shape} | {'torch.compile' if compiled else 'eager'} | {batch} "

@@ -5,9 +5,10 @@
 #   2. benchmarks/attention.py --gpu-only: Triton FlashAttention-2 forward and backward against
 #      torch SDPA, fp16/bf16, d 64/128, causal or not, n 1k-16k, every shape against float64;
 #   3. benchmarks/train_gpu.py: GPT-2 small's shape, bf16, tokens/s and MFU, eager and compiled;
-#   4. notebooks at LECTURE_BUDGET=large under nbval, four at a time, until the deadline.
-# Usage: OUT=/some/dir DEADLINE_S=420 [LANE_STEPS="tests attention train notebooks"] \
-#          bash scripts/gpu_lane.sh [notebook ...]
+#   4. scripts/scaling_sweep.py (the modern decoder's isoFLOP sweep), in the background, beside
+#   5. notebooks at LECTURE_BUDGET=large under nbval, four at a time, until the deadline.
+# Usage: OUT=/some/dir DEADLINE_S=420 [LANE_STEPS="tests attention train sweep notebooks"] \
+#          [TRAIN_RUNS="small/compiled/16 ..."] bash scripts/gpu_lane.sh [notebook ...]
 # Python packages the machine lacks (nbval, a Jupyter kernel, altair, ...) travel as wheels in
 # .whl/ (see benchmarks/RESULTS.md for the list); lecture_pkg is installed without dependencies.
 set -uo pipefail
@@ -16,7 +17,7 @@ OUT=${OUT:?set OUT to a folder for the results}
 start=$(date +%s)
 deadline=$((start + ${DEADLINE_S:-420}))
 left() { echo $((deadline - $(date +%s))); }
-steps=" ${LANE_STEPS:-tests attention train notebooks} "
+steps=" ${LANE_STEPS:-tests attention train sweep notebooks} "
 wanted() { [[ "$steps" == *" $1 "* ]]; }
 log="$OUT/lane.log"
 say() { echo "== [$(($(date +%s) - start)) s] $*" | tee -a "$log"; }
@@ -39,14 +40,23 @@ wanted tests && say "1. tests marked gpu" && timeout $(( $(left) < 240 ? $(left)
 wanted attention && say "2. attention benchmark" && timeout $(( $(left) < 240 ? $(left) : 240 )) python3 benchmarks/attention.py --gpu-only \
   --json "$OUT/attention.json" 2>&1 | tee -a "$log"
 
+# shellcheck disable=SC2086  # TRAIN_RUNS is a list of words
 wanted train && say "3. training throughput" && timeout $(( $(left) < 180 ? $(left) : 180 )) python3 benchmarks/train_gpu.py \
-  --json "$OUT/train.json" 2>&1 | tee -a "$log"
+  --json "$OUT/train.json" ${TRAIN_RUNS:+--runs $TRAIN_RUNS} 2>&1 | tee -a "$log"
+
+if wanted sweep; then
+  say "4. scaling sweep, in the background ($(left) s left)"
+  timeout $(( $(left) - 5 )) python3 scripts/scaling_sweep.py --out "$OUT/sweep.json" \
+    --max-seconds $(( $(left) - 60 )) >"$OUT/sweep.log" 2>&1 &
+  sweep=$!
+fi
 
 if wanted notebooks && [ "$#" -gt 0 ] && [ "$(left)" -gt 30 ]; then
-  say "4. notebooks at the large budget ($(left) s left)"
+  say "5. notebooks at the large budget ($(left) s left)"
   LECTURE_BUDGET=large MPLBACKEND=Agg timeout $(( $(left) - 10 )) python3 -m pytest \
     -p no:cacheprovider -q --nbval-lax --nbval-current-env --nbval-cell-timeout=300 \
     -n 4 --dist loadfile --durations=0 --junitxml="$OUT/notebooks.xml" "$@" 2>&1 \
     | tail -80 | tee -a "$log"
 fi
+[ -n "${sweep:-}" ] && wait "$sweep" && say "sweep finished" && tail -20 "$OUT/sweep.log" | tee -a "$log"
 say "done"
