@@ -229,3 +229,71 @@ def test_scaling_sweep_script_writes_its_runs(tmp_path) -> None:
         assert run["flops"] == 6 * run["non_embedding_params"] * run["tokens"]
         assert run["curve"]["val_loss"][-1] == run["val_loss"]
         assert 0 < run["val_loss"] < math.log(payload["vocab_size"]) + 0.5
+
+
+@pytest.mark.parametrize("change", [{"position_embedding": "learned"},
+                                    {"position_embedding": "none"}, {"norm": "layer"},
+                                    {"mlp": "gelu"}, {"mlp": "relu2"}])
+def test_ablations_undo_one_change_each(change: dict) -> None:
+    base = {"vocab_size": VOCAB, "hidden_size": 24, "num_hidden_layers": 2,
+            "num_attention_heads": 2, "max_position_embeddings": 16}
+    mlp = change.get("mlp", "swiglu")
+    width = 64 if mlp == "swiglu" else 96  # 8d/3 gated vs 4d plain: the same parameters
+    torch.manual_seed(0)
+    reference = Llama(LlamaConfig(**base, intermediate_size=64))
+    torch.manual_seed(0)
+    ablated = Llama(LlamaConfig(**base, intermediate_size=width, **change))
+    extra = 16 * 24 if change.get("position_embedding") == "learned" else 0
+    n = sum(p.numel() for p in reference.parameters())
+    assert sum(p.numel() for p in ablated.parameters()) == n + extra
+    x = ids(2, 16)
+    out = ablated(x).logits
+    assert out.shape == (2, 16, VOCAB) and torch.isfinite(out).all()
+    cache = ablated.new_cache()
+    with torch.no_grad():  # the cache works for every variant
+        pieces = [ablated(x[:, :9], cache=cache).logits, ablated(x[:, 9:], cache=cache).logits]
+    torch.testing.assert_close(torch.cat(pieces, 1), out.detach(), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="is an ablation"):
+        ablated.to_hf()
+    if mlp == "relu2":
+        h = torch.linspace(-2, 2, 9)
+        torch.testing.assert_close(ablated.layers[0].ffn.act(h), h.clamp(min=0) ** 2)
+    if change.get("norm") == "layer":
+        assert isinstance(ablated.norm, torch.nn.LayerNorm) and ablated.norm.bias is None
+    if change.get("position_embedding") == "none":  # one layer sees a causal bag of tokens
+        one = Llama(LlamaConfig(**{**base, "num_hidden_layers": 1}, intermediate_size=64,
+                                **change))
+        swapped = x.clone()
+        swapped[:, [0, 1]] = x[:, [1, 0]]
+        with torch.no_grad():
+            torch.testing.assert_close(one(swapped).logits[:, 2:], one(x).logits[:, 2:],
+                                       atol=1e-5, rtol=1e-5)
+            rope = Llama(LlamaConfig(**{**base, "num_hidden_layers": 1}, intermediate_size=64))
+            assert not torch.allclose(rope(swapped).logits[:, 2:], rope(x).logits[:, 2:])
+    if change.get("position_embedding") == "learned":
+        with pytest.raises(ValueError, match="outside the learned table"):
+            ablated(ids(1, 17))
+
+
+def test_unknown_ablation_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="mlp must be one of"):
+        LlamaConfig(mlp="geglu")
+    with pytest.raises(ValueError, match="position_embedding must be one of"):
+        LlamaConfig(position_embedding="alibi")
+
+
+def test_ablation_script_compares_arms_over_seeds(tmp_path) -> None:
+    path = Path(__file__).resolve().parents[1] / "scripts" / "modern_ablations.py"
+    spec = importlib.util.spec_from_file_location("modern_ablations", path)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "ablations.json"
+    payload = script.main(["--tiny", "--arms", "gpt2", "modern", "relu2", "--device", "cpu",
+                           "--out", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(payload))
+    assert len(payload["runs"]) == 6 and set(payload["comparisons"]) == {
+        "gpt2 - modern", "relu2 - modern"}
+    for result in payload["comparisons"].values():
+        assert result["low"] <= result["effect"] <= result["high"]
+        assert result["verdict"] in ("better", "worse", "within the noise")

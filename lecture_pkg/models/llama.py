@@ -16,6 +16,11 @@ What is particular to it, on top of :mod:`lecture_pkg.layers` (RMSNorm, the SwiG
   i - window < j <= i;
 - an output layer of its own (untied), unless ``tie_word_embeddings``.
 
+For ablations (not in HF's classes, so refused by :meth:`LlamaConfig.to_hf`), each change can be
+undone alone: ``position_embedding`` "learned" (GPT-2's table) or "none" (NoPE), ``norm``
+"layer" (LayerNorm without bias), ``mlp`` "gelu" or "relu2" (a plain FFN; ReLU squared as in So
+et al. 2021 and nanochat).
+
 Interop with Hugging Face: :meth:`Llama.from_hf` / :meth:`Llama.to_hf` for ``LlamaForCausalLM``
 and (with ``qk_norm``) ``Qwen3ForCausalLM``; :meth:`Llama.from_config`, :meth:`hf_state_dict`.
 
@@ -34,13 +39,17 @@ from torch import Tensor, nn
 
 from lecture_pkg.attention import KVCache, grouped_query_attention
 from lecture_pkg.checks import check_int
-from lecture_pkg.layers import FeedForward, Residual, RMSNorm
+from lecture_pkg.layers import FeedForward, Residual, RMSNorm, make_norm
 from lecture_pkg.models.common import HFInterop, check_hf_class, check_padding_mask, check_token_ids
 from lecture_pkg.positional import angular_frequencies, rotate_half
 
-__all__ = ["Llama", "LlamaAttention", "LlamaBlock", "LlamaConfig", "LlamaOutput"]
+__all__ = ["Llama", "LlamaAttention", "LlamaBlock", "LlamaConfig", "LlamaOutput",
+           "relu_squared", "rope_cos_sin"]
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
+POSITION_EMBEDDINGS = ("rope", "learned", "none")
+NORMS = ("rms", "layer")
+MLPS = ("swiglu", "gelu", "relu2")
 HF_CLASSES = ("LlamaForCausalLM", "Qwen3ForCausalLM")
 
 
@@ -73,8 +82,15 @@ class LlamaConfig:
     layer_types: tuple[str, ...] | None = None
     attention_dropout: float = 0.0
     initializer_range: float = 0.02
+    position_embedding: str = "rope"  # ablations: "learned" (GPT-2's table), "none" (NoPE)
+    norm: str = "rms"  # ablation: "layer" (LayerNorm without bias)
+    mlp: str = "swiglu"  # ablations: "gelu", "relu2" (plain FFNs of width intermediate_size)
 
     def __post_init__(self) -> None:
+        for name, choices in (("position_embedding", POSITION_EMBEDDINGS), ("norm", NORMS),
+                              ("mlp", MLPS)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                      "num_attention_heads", "max_position_embeddings"):
             check_int(name, getattr(self, name), minimum=1)
@@ -172,6 +188,10 @@ class LlamaConfig:
         """The ``transformers`` config: Qwen3Config with qk_norm, LlamaConfig without."""
         import transformers
 
+        for name, default in (("position_embedding", "rope"), ("norm", "rms"), ("mlp", "swiglu")):
+            if getattr(self, name) != default:
+                raise ValueError(f"{name}={getattr(self, name)!r} is an ablation: Hugging Face's "
+                                 f"Llama and Qwen3 have {name}={default!r} only")
         rope: dict[str, Any] = {"rope_type": "default", "rope_theta": self.rope_theta}
         if self.rope_scaling_factor != 1:
             rope = {"rope_type": "linear", "rope_theta": self.rope_theta,
@@ -248,7 +268,7 @@ class LlamaAttention(nn.Module):
         self.q_norm = RMSNorm(d_head, **norm) if config.qk_norm else None
         self.k_norm = RMSNorm(d_head, **norm) if config.qk_norm else None
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None,
+    def forward(self, x: Tensor, cos: Tensor | None, sin: Tensor | None, mask: Tensor | None,
                 is_causal: bool, cache: KVCache | None = None,
                 output_attentions: bool = False) -> tuple[Tensor, Tensor | None]:
         batch, t, _ = x.shape
@@ -258,7 +278,8 @@ class LlamaAttention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:  # QK-norm, per head
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # (batch, heads | groups, t, d_head)
-        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        if cos is not None and sin is not None:  # RoPE (None: positions added at the input)
+            q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         if cache is not None:
             k, v = cache.append(k, v)
         dropout = self.dropout if self.training else 0.0
@@ -274,6 +295,11 @@ class LlamaAttention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(batch, t, -1)), weights
 
 
+def relu_squared(x: Tensor) -> Tensor:
+    """max(0, x)^2 (So et al. 2021), the FFN activation of the ``mlp="relu2"`` ablation."""
+    return F.relu(x).square()
+
+
 class LlamaBlock(nn.Module):
     """x + Attn(RMSNorm(x)), then x + SwiGLU(RMSNorm(x)). forward as LlamaAttention's."""
 
@@ -281,14 +307,18 @@ class LlamaBlock(nn.Module):
                  dtype: torch.dtype | None = None) -> None:
         super().__init__()
         factory = {"device": device, "dtype": dtype}
-        residual = {"wiring": "pre", "norm": "rms", "eps": config.rms_norm_eps, **factory}
+        residual = {"wiring": "pre", "norm": config.norm, "eps": config.rms_norm_eps,
+                    "bias": False, **factory}
         self.attn_block = Residual(config.hidden_size, **residual)
         self.self_attn = LlamaAttention(config, **factory)
         self.ffn_block = Residual(config.hidden_size, **residual)
-        self.ffn = FeedForward(config.hidden_size, config.intermediate_size, "swiglu",
+        activation = {"swiglu": "swiglu", "gelu": "gelu", "relu2": "relu"}[config.mlp]
+        self.ffn = FeedForward(config.hidden_size, config.intermediate_size, activation,
                                bias=config.mlp_bias, **factory)
+        if config.mlp == "relu2":
+            self.ffn.act, self.ffn.activation = relu_squared, "relu2"
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None,
+    def forward(self, x: Tensor, cos: Tensor | None, sin: Tensor | None, mask: Tensor | None,
                 is_causal: bool, cache: KVCache | None = None,
                 output_attentions: bool = False) -> tuple[Tensor, Tensor | None]:
         weights = None
@@ -325,9 +355,12 @@ class Llama(HFInterop, nn.Module):
         self.config = config
         factory = {"device": device, "dtype": dtype}
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, **factory)
+        self.wpe = (nn.Embedding(config.max_position_embeddings, config.hidden_size, **factory)
+                    if config.position_embedding == "learned" else None)
         self.layers = nn.ModuleList(LlamaBlock(config, **factory)
                                     for _ in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, **factory)
+        self.norm = make_norm(config.norm, config.hidden_size, config.rms_norm_eps, bias=False,
+                              **factory)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, **factory)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
@@ -342,7 +375,7 @@ class Llama(HFInterop, nn.Module):
                 nn.init.normal_(module.weight, std=self.config.initializer_range)
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
-            if isinstance(module, RMSNorm) and module.weight is not None:
+            if isinstance(module, (RMSNorm, nn.LayerNorm)) and module.weight is not None:
                 nn.init.ones_(module.weight)
 
     def new_cache(self) -> list[KVCache]:
@@ -392,8 +425,16 @@ class Llama(HFInterop, nn.Module):
             raise ValueError(f"position_ids must have shape (batch, t) = {(batch, t)}, "
                              f"got {tuple(position_ids.shape)}")
         x = self.embed_tokens(input_ids)
-        cos, sin = rope_cos_sin(position_ids, self.config.d_head, self.config.rope_theta,
-                                self.config.rope_scaling_factor, dtype=x.dtype)
+        cos = sin = None
+        if self.config.position_embedding == "rope":
+            cos, sin = rope_cos_sin(position_ids, self.config.d_head, self.config.rope_theta,
+                                    self.config.rope_scaling_factor, dtype=x.dtype)
+        elif self.wpe is not None:
+            last = -1 if torch.compiler.is_compiling() else int(position_ids.max())
+            if last >= self.config.max_position_embeddings:
+                raise ValueError(f"position {last} is outside the learned table of "
+                                 f"max_position_embeddings={self.config.max_position_embeddings}")
+            x = x + self.wpe(position_ids)
         masks = self._masks(keep, past, t, input_ids.device)
         attentions = []
         for i, layer in enumerate(self.layers):
