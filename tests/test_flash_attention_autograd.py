@@ -79,3 +79,17 @@ def test_bad_input_is_refused_by_name():
     with pytest.raises(ValueError, match="block_size must be positive"):
         flash_attention_function(torch.zeros(2, 4), torch.zeros(2, 4), torch.zeros(2, 4),
                                  block_size=0)
+
+
+def test_saved_bytes_grow_linearly_against_quadratically():
+    import math
+
+    sizes, ours, plain = [128, 256, 512], [], []
+    for n in sizes:
+        q, k, v = (torch.randn(1, 1, n, 16, requires_grad=True) for _ in range(3))
+        ours.append(saved_tensor_bytes(lambda: flash_attention_function(q, k, v, True),
+                                       exclude=(q, k, v))[1])
+        plain.append(saved_tensor_bytes(lambda: reference(q, k, v, True, 0.25),
+                                        exclude=(q, k, v))[1])
+    exponent = [math.log(b[-1] / b[0]) / math.log(sizes[-1] / sizes[0]) for b in (ours, plain)]
+    assert abs(exponent[0] - 1) < 0.05 and abs(exponent[1] - 2) < 0.1
