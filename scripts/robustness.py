@@ -42,7 +42,7 @@ DEFAULT = ["seeds2000-default", "seeds3000"]
 def run_variant(name: str, notebooks: list[str], workers: int, timeout: int,
                 report_dir: Path = ROOT / "_build" / "robustness") -> dict[str, tuple[list[str], float]]:
     """Run nbval under variant ``name``: {notebook: (failing cells, seconds)}."""
-    report = report_dir / f"{name}.xml"
+    report = report_dir / f"{name}-{os.getpid()}.xml"  # concurrent runs do not share a report
     report.parent.mkdir(parents=True, exist_ok=True)
     report.unlink(missing_ok=True)
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", **VARIANTS[name]}
@@ -53,17 +53,20 @@ def run_variant(name: str, notebooks: list[str], workers: int, timeout: int,
     results: dict[str, tuple[list[str], float]] = {nb: ([], 0.0) for nb in notebooks}
     if not report.exists():
         return {nb: (["did not run"], 0.0) for nb in notebooks}
+    ran: set[str] = set()
     for case in ET.parse(report).iter("testcase"):
         notebook = next((nb for nb in notebooks if Path(nb).stem in case.get("classname", "") + case.get("file", "")
                          + case.get("name", "")), None)
         if notebook is None:
             continue
+        ran.add(notebook)
         failed, seconds = results[notebook]
         if case.find("failure") is not None or case.find("error") is not None:
             cell = re.search(r"Cell (\d+)", case.get("name", ""))
             failed.append(cell.group(1) if cell else case.get("name", "?"))
         results[notebook] = (failed, seconds + float(case.get("time", 0.0)))
-    return results
+    report.unlink()
+    return {nb: results[nb] if nb in ran else (["no cell ran"], 0.0) for nb in notebooks}
 
 
 def describe(failed: list[str]) -> str:
