@@ -166,19 +166,24 @@ def verdicts(runs: list[dict], seeds: list[int]) -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    autocast = torch.bfloat16 if device.type == "cuda" else None
+def load_data(args: argparse.Namespace, device: torch.device) -> dict:
+    """The character vocabulary, the training stream and the fixed validation windows."""
     tokenizer = CharTokenizer.from_text("".join(shakespeare(s)
                                                 for s in ("train", "validation", "test")))
     val_ids = torch.tensor(tokenizer.encode(shakespeare("validation")), device=device)
     starts = torch.as_tensor(eval_starts(len(val_ids), args.eval_windows, args.block_size),
                              device=device)
-    data = {"vocab": tokenizer.vocab_size,
+    return {"vocab": tokenizer.vocab_size,
             "train": torch.tensor(tokenizer.encode(shakespeare("train")), device=device),
             "val_windows": val_ids[starts[:, None] + torch.arange(args.block_size,
                                                                   device=device)]}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    autocast = torch.bfloat16 if device.type == "cuda" else None
+    data = load_data(args, device)
     seeds = list(range(args.seeds))
     payload = {"args": vars(args), "torch": torch.__version__,
                "device": torch.cuda.get_device_name(device) if device.type == "cuda"

@@ -297,3 +297,22 @@ def test_ablation_script_compares_arms_over_seeds(tmp_path) -> None:
     for result in payload["comparisons"].values():
         assert result["low"] <= result["effect"] <= result["high"]
         assert result["verdict"] in ("better", "worse", "within the noise")
+
+
+def test_ablation_results_reproduce_a_recorded_row() -> None:
+    """benchmarks/modern_ablations_cpu.json (scripts/modern_ablations.py at the CPU size,
+    commit and command in benchmarks/RESULTS.md): the modern arm's seed-0 run, retrained."""
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("modern_ablations",
+                                                  root / "scripts" / "modern_ablations.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    recorded = json.loads((root / "benchmarks" / "modern_ablations_cpu.json").read_text())
+    args = script.parse_args(["--out", "unused"])
+    vars(args).update(recorded["args"])
+    row = next(r for r in recorded["runs"] if r["arm"] == "modern" and r["seed"] == 0)
+    data = script.load_data(args, torch.device("cpu"))
+    again = script.run("modern", 0, args, data, torch.device("cpu"), None)
+    assert again["params"] == row["params"]
+    assert abs(again["val_loss"] - row["val_loss"]) < 2e-3
