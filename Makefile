@@ -1,7 +1,8 @@
 # make book : install (first time), execute every notebook (cached) and build the HTML book in _build/html
 # make test : install, lint and spelling, unit tests (stored outputs current included), Triton kernel via its interpreter,
-#             nbval over every notebook (their one execution, two at a time), the book build from the stored
-#             outputs, a headless browser check
+#             nbval over every notebook (their one execution, two at a time, on seeds and CPU kernels
+#             other than those that made the stored outputs), the book build from the stored outputs,
+#             a headless browser check
 # make robustness : every notebook under two further seed sets / CPU kernel paths; table in benchmarks/RESULTS.md
 SHELL := /bin/bash
 VENV ?= .venv
@@ -102,7 +103,7 @@ unit: install
 # the book on numbers it did not store (shifted seeds, AVX2 kernels); the worked examples
 # (# NBVAL_CHECK_OUTPUT) must still match exactly and every assert must hold.
 CI_VARIANT := LECTURE_SEED_OFFSET=1000 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2
-NBVAL_ENV ?=
+NBVAL_ENV ?= $(CI_VARIANT)
 NBVAL_WORKERS ?= 2
 nbval: install
 	env $(NBVAL_ENV) $(PY) -m pytest -p no:cacheprovider -n $(NBVAL_WORKERS) --dist loadfile \
