@@ -24,7 +24,8 @@ import math
 import torch
 from torch import Tensor
 
-from lecture_pkg.checks import check_float_tensor, check_int
+from lecture_pkg.attention import _check_qkv, _default_scale
+from lecture_pkg.checks import check_int
 
 __all__ = ["flash_attention_function"]
 
@@ -117,22 +118,7 @@ def flash_attention_function(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = 
     q: (..., t_q, d_k), k: (..., t_k, d_k), v: (..., t_k, d_v), batch dims identical.
     block_size: queries and keys per tile. Returns (..., t_q, d_v) in q's dtype.
     """
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        check_float_tensor(name, x)
-        if x.dim() < 2:
-            raise ValueError(f"{name} must have shape (..., length, features), got {tuple(x.shape)}")
-    if k.shape[:-2] != q.shape[:-2] or v.shape[:-2] != q.shape[:-2]:
-        raise ValueError(f"q, k and v must share their batch dims, got {tuple(q.shape[:-2])}, "
-                         f"{tuple(k.shape[:-2])} and {tuple(v.shape[:-2])}")
-    if k.shape[-1] != q.shape[-1]:
-        raise ValueError(f"k has last dim {k.shape[-1]} but q has {q.shape[-1]} (d_k must match)")
-    if v.shape[-2] != k.shape[-2]:
-        raise ValueError(f"v has {v.shape[-2]} positions but k has {k.shape[-2]} (t_k must match)")
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    _check_qkv(q, k, v)
     check_int("block_size", block_size, 1)
-    if scale is None:
-        if q.shape[-1] == 0:
-            raise ValueError("q has last dim 0: the default scale 1/sqrt(d_k) needs d_k >= 1")
-        scale = 1.0 / math.sqrt(q.shape[-1])
+    scale = _default_scale(q, scale)
     return _FlashAttentionFunction.apply(q, k, v, bool(is_causal), float(scale), block_size)

@@ -33,20 +33,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from lecture_pkg.attention import _check_qkv, _default_scale
 from lecture_pkg.checks import check_float_tensor, check_int
 
 __all__ = ["CacheWaste", "PagedKVCache", "RollingKVCache", "cache_waste", "merge_partials",
            "paged_attention", "split_k_attention"]
-
-
-def _default_scale(d: int, scale: float | None) -> float:
-    if scale is None:
-        if d == 0:
-            raise ValueError("q has last dim 0: the default scale 1/sqrt(d_k) needs d_k >= 1")
-        return 1.0 / math.sqrt(d)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
-    return float(scale)
 
 
 def _partial(q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tensor]:
@@ -93,25 +84,11 @@ def split_k_attention(q: Tensor, k: Tensor, v: Tensor, num_splits: int,
     """
     _check_qkv(q, k, v)
     check_int("num_splits", num_splits, 1)
-    scale = _default_scale(q.shape[-1], scale)
+    scale = _default_scale(q, scale)
     chunk = max(1, math.ceil(k.shape[-2] / num_splits))
     parts = [_partial(q, k[..., s:s + chunk, :], v[..., s:s + chunk, :], scale)
              for s in range(0, num_splits * chunk, chunk)]
     return merge_partials([o for o, _ in parts], [lse for _, lse in parts])
-
-
-def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        check_float_tensor(name, x)
-        if x.dim() < 2:
-            raise ValueError(f"{name} must have shape (..., length, features), got {tuple(x.shape)}")
-    if k.shape[:-2] != q.shape[:-2] or v.shape[:-2] != q.shape[:-2]:
-        raise ValueError(f"q, k and v must share their batch dims, got {tuple(q.shape[:-2])}, "
-                         f"{tuple(k.shape[:-2])} and {tuple(v.shape[:-2])}")
-    if k.shape[-1] != q.shape[-1]:
-        raise ValueError(f"k has last dim {k.shape[-1]} but q has {q.shape[-1]} (d_k must match)")
-    if v.shape[-2] != k.shape[-2]:
-        raise ValueError(f"v has {v.shape[-2]} positions but k has {k.shape[-2]} (t_k must match)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,7 +193,7 @@ def paged_attention(q: Tensor, cache: PagedKVCache, seqs: Sequence[object],
                          f"{cache.head_dim}), got {tuple(q.shape)}")
     if len(seqs) != q.shape[0]:
         raise ValueError(f"q has {q.shape[0]} rows but seqs names {len(seqs)} sequences")
-    scale = _default_scale(q.shape[-1], scale)
+    scale = _default_scale(q, scale)
     rows = []
     for b, seq in enumerate(seqs):
         table, length = cache.block_table(seq), cache.lengths[seq]
