@@ -30,7 +30,8 @@ def setup_cell_source(extra: str) -> str:
     return (
         "# Setup, the first cell of every chapter: where lecture_pkg is missing (a fresh\n"
         "# google.colab runtime, a new local environment), install it with this chapter's extra.\n"
-        "# Colab's own torch is kept. Then seed, set up figures and pick the device.\n"
+        "# Colab's own torch is kept, and no restart is needed (whatever pip's note says).\n"
+        "# Then seed, set up figures and pick the device.\n"
         "import importlib.util\n"
         "\n"
         'if importlib.util.find_spec("lecture_pkg") is None:\n'
