@@ -22,7 +22,8 @@ import altair as alt
 import torch
 from IPython.display import Code
 
-__all__ = ["configure", "heatmap", "long_form", "range_slider", "show_source", "slider_filter"]
+__all__ = ["configure", "glue", "glue_all", "heatmap", "long_form", "range_slider", "show_source",
+           "slider_filter"]
 
 
 # Text sizes that stay readable in the book's column (altair's defaults are 10 px and smaller).
@@ -143,3 +144,10 @@ def glue(name: str, value: object, display: bool = False) -> None:
     prefix = "" if display else _GLUE_PREFIX
     metadata["scrapbook"] = {"name": name, "mime_prefix": prefix}
     ipython_display({prefix + mime: data for mime, data in bundle.items()}, raw=True, metadata=metadata)
+
+
+def glue_all(**values: object) -> None:
+    """``glue(name, value)`` for every keyword, none displayed: a cell's numbers for the prose in
+    one call, ``glue_all(ratio=r, steps=n)``."""
+    for name, value in values.items():
+        glue(name, value)

@@ -145,3 +145,10 @@ def test_glue_writes_what_myst_nb_glue_writes(monkeypatch: pytest.MonkeyPatch, d
     assert shown[0][1]["scrapbook"]["name"] == "ratio"
     with pytest.raises(ValueError, match="name must be"):
         viz.glue("two words", value)
+
+
+def test_glue_all_glues_each_keyword(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, object, bool]] = []
+    monkeypatch.setattr(viz, "glue", lambda name, value, display=False: calls.append((name, value, display)))
+    viz.glue_all(ratio=0.5, steps=12)
+    assert calls == [("ratio", 0.5, False), ("steps", 12, False)]
