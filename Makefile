@@ -11,7 +11,7 @@ INSTALLED := $(VENV)/.installed
 VENDORED := node_modules/.package-lock.json
 BUILD_FLAGS := -W -n --keep-going
 
-.PHONY: install book book-no-execute test lint unit nbval robustness browser-check execute stamp checkpoint checkpoint-demos checkpoint-formats live-gpt bench triton-check clean
+.PHONY: install book book-no-execute test lint unit nbval robustness browser-check execute stamp checkpoint checkpoint-demos checkpoint-formats live-gpt modern-ablations scaling-sweep bench triton-check clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -133,6 +133,17 @@ test: lint unit triton-check nbval book-no-execute browser-check
 # The live GPT page's model (book/live_gpt/): the shipped checkpoint exported to ONNX, a few seconds.
 live-gpt: install
 	$(PY) scripts/export_live_gpt.py
+
+# The modern decoder's design choices (page 7.4): every arm over 3 seeds at CPU size, about 3 min
+# of CPU time (benchmarks/RESULTS.md has the table; without the CPU flags it runs the GPU size).
+modern-ablations: install
+	OMP_NUM_THREADS=1 $(PY) scripts/modern_ablations.py --out lecture_pkg/recorded/modern_ablations_cpu.json \
+	  --layers 2 --width 48 --heads 4 --block-size 64 --batch-size 16 --steps 300 --seeds 3 \
+	  --eval-windows 64 --lr 3e-3 --high-lr 3e-2 --device cpu
+
+# The scaling-law sweep (issue 39): the isoFLOP grid of the modern decoder; about 4 min on an H200.
+scaling-sweep: install
+	$(PY) scripts/scaling_sweep.py --out benchmarks/scaling_sweep.json
 
 bench: install
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

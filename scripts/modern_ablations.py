@@ -13,7 +13,9 @@ Arms (``--arms``, default all):
   or with ReLU squared (So et al. 2021; nanochat);
 - ``tied``: the output layer is the embedding table;
 - ``qk_norm``: RMSNorm on each head's queries and keys; ``qk_norm_high_lr`` and
-  ``modern_high_lr`` compare it at ``--high-lr``, where QK-norm is meant to matter.
+  ``modern_high_lr`` compare it at ``--high-lr``, where QK-norm is meant to matter;
+- ``muon``: the modern block trained with Muon (``lecture_pkg.muon``) at ``--muon-lr`` for the
+  hidden matrices, AdamW at ``--lr`` for embeddings, output layer and gains.
 
 On one GPU (bf16 autocast), 11 arms x 3 seeds of 1000 steps of 64 x 256 characters (4 layers
 of width 256, 3.2M parameters); from the sweep's step times on an H200 (13-20 ms) that is
@@ -44,6 +46,7 @@ from lecture_pkg.data import shakespeare
 from lecture_pkg.experiments import Arm, compare
 from lecture_pkg.models.gpt import GPT, GPTConfig, next_token_loss
 from lecture_pkg.models.llama import Llama, LlamaConfig
+from lecture_pkg.muon import muon_and_adamw
 from lecture_pkg.pretrained import CharTokenizer, eval_starts
 
 CHANGES = {  # arm -> (LlamaConfig overrides, learning-rate multiplier)
@@ -57,6 +60,7 @@ CHANGES = {  # arm -> (LlamaConfig overrides, learning-rate multiplier)
     "qk_norm": ({"qk_norm": True}, 1.0),
     "modern_high_lr": ({}, None),
     "qk_norm_high_lr": ({"qk_norm": True}, None),
+    "muon": ({}, 1.0),
 }
 ARMS = ["gpt2", *CHANGES]
 
@@ -74,6 +78,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--high-lr", type=float, default=2e-2)
+    parser.add_argument("--muon-lr", type=float, default=2e-2, help="Muon's rate (arm muon)")
     parser.add_argument("--eval-windows", type=int, default=256)
     parser.add_argument("--device", default=None)
     parser.add_argument("--tiny", action="store_true",
@@ -104,11 +109,14 @@ def run(arm: str, seed: int, args: argparse.Namespace, data: dict, device: torch
     model = build(arm, args, data["vocab"]).to(device)
     multiplier = 1.0 if arm == "gpt2" else CHANGES[arm][1]
     lr = args.high_lr if multiplier is None else args.lr * multiplier
-    matrices = [p for p in model.parameters() if p.dim() >= 2]
-    others = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": matrices, "weight_decay": 0.1},
-                                   {"params": others, "weight_decay": 0.0}], lr=lr,
-                                  betas=(0.9, 0.95))
+    if arm == "muon":
+        optimizers = muon_and_adamw(model, muon_lr=args.muon_lr, adamw_lr=lr)
+    else:
+        matrices = [p for p in model.parameters() if p.dim() >= 2]
+        others = [p for p in model.parameters() if p.dim() < 2]
+        optimizers = [torch.optim.AdamW([{"params": matrices, "weight_decay": 0.1},
+                                         {"params": others, "weight_decay": 0.0}], lr=lr,
+                                        betas=(0.9, 0.95))]
     warmup = max(1, args.steps // 20)
 
     def factor(step: int) -> float:
@@ -117,7 +125,7 @@ def run(arm: str, seed: int, args: argparse.Namespace, data: dict, device: torch
         progress = (step - warmup) / max(1, args.steps - warmup)
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    schedulers = [torch.optim.lr_scheduler.LambdaLR(o, factor) for o in optimizers]
     generator = torch.Generator(device=device).manual_seed(seed)  # same batches for every arm
     train_ids, offsets = data["train"], torch.arange(args.block_size, device=device)
     began, losses = time.perf_counter(), []
@@ -127,11 +135,13 @@ def run(arm: str, seed: int, args: argparse.Namespace, data: dict, device: torch
         batch = train_ids[starts[:, None] + offsets]
         with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
             loss = next_token_loss(model(batch).logits, batch)
-        optimizer.zero_grad(set_to_none=True)
+        for optimizer in optimizers:
+            optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
+        for optimizer, scheduler in zip(optimizers, schedulers):
+            optimizer.step()
+            scheduler.step()
         if (step + 1) % max(1, args.steps // 20) == 0:
             losses.append(float(loss.detach()))
     model.eval()
@@ -141,7 +151,8 @@ def run(arm: str, seed: int, args: argparse.Namespace, data: dict, device: torch
             with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
                 total += float(next_token_loss(model(chunk).logits, chunk)) * len(chunk)
     val = total / len(data["val_windows"])
-    return {"arm": arm, "seed": seed, "lr": lr, "val_loss": val if math.isfinite(val) else None,
+    rates = {"lr": lr, **({"muon_lr": args.muon_lr} if arm == "muon" else {})}
+    return {"arm": arm, "seed": seed, **rates, "val_loss": val if math.isfinite(val) else None,
             "train_curve": losses, "params": sum(p.numel() for p in model.parameters()),
             "seconds": round(time.perf_counter() - began, 2)}
 

@@ -300,7 +300,7 @@ def test_ablation_script_compares_arms_over_seeds(tmp_path) -> None:
 
 
 def test_ablation_results_reproduce_a_recorded_row() -> None:
-    """benchmarks/modern_ablations_cpu.json (scripts/modern_ablations.py at the CPU size,
+    """lecture_pkg/recorded/modern_ablations_cpu.json (scripts/modern_ablations.py at the CPU size,
     commit and command in benchmarks/RESULTS.md): the modern arm's seed-0 run, retrained."""
     root = Path(__file__).resolve().parents[1]
     spec = importlib.util.spec_from_file_location("modern_ablations",
@@ -308,7 +308,7 @@ def test_ablation_results_reproduce_a_recorded_row() -> None:
     assert spec is not None and spec.loader is not None
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    recorded = json.loads((root / "benchmarks" / "modern_ablations_cpu.json").read_text())
+    recorded = json.loads((root / "lecture_pkg" / "recorded" / "modern_ablations_cpu.json").read_text())
     args = script.parse_args(["--out", "unused"])
     vars(args).update(recorded["args"])
     row = next(r for r in recorded["runs"] if r["arm"] == "modern" and r["seed"] == 0)
