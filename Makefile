@@ -11,7 +11,7 @@ INSTALLED := $(VENV)/.installed
 VENDORED := node_modules/.package-lock.json
 BUILD_FLAGS := -W -n --keep-going
 
-.PHONY: install book book-no-execute test lint unit nbval robustness browser-check execute stamp checkpoint checkpoint-demos checkpoint-formats live-gpt modern-ablations scaling-sweep bench triton-check clean
+.PHONY: install book book-no-execute test lint unit nbval robustness browser-check execute stamp checkpoint checkpoint-demos checkpoint-formats checkpoint-sft checkpoint-bert checkpoint-t5 checkpoint-detr live-gpt modern-ablations scaling-sweep bench triton-check clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -85,6 +85,20 @@ checkpoint-formats: install
 	  --demo-separator " " --demo-separator " (" --demo-separator " _ " \
 	  --name shakespeare_gpt_formats --batch-size 32 --steps 2000 --lr 1e-3 --warmup 100 \
 	  --eval-every 400 --export lecture_pkg/checkpoints
+
+# Chapter 10's instruction-tuned GPT, fine-tuned from the packaged reference GPT.
+checkpoint-sft: install
+	OMP_NUM_THREADS=1 $(PY) scripts/train_sft.py --steps 1000 --export lecture_pkg/checkpoints
+
+# Chapter 7's character BERT and byte T5, and chapter 8's DETR (commands as in benchmarks/RESULTS.md).
+checkpoint-bert: install
+	OMP_NUM_THREADS=1 $(PY) scripts/train_bert.py --steps 2000 --export lecture_pkg/checkpoints
+
+checkpoint-t5: install
+	OMP_NUM_THREADS=1 $(PY) scripts/train_t5.py --steps 3600 --export lecture_pkg/checkpoints
+
+checkpoint-detr: install
+	OMP_NUM_THREADS=1 $(PY) scripts/train_detr.py --steps 4000
 
 stamp: install
 	$(PY) scripts/notebook_freshness.py stamp $(NOTEBOOKS)

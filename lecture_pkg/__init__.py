@@ -7,6 +7,9 @@ The helpers here are what every chapter's setup cell uses:
   can run the book on numbers it did not store; :func:`seed_everything` seeds the global generators;
 * :func:`budget` picks a problem size: the small one, which CI executes, on every device unless
   ``LECTURE_BUDGET=large`` asks for the large one (not yet verified on a GPU).
+
+The package map, one line per module (the library first, then the book's experiments and
+shipped models), is the "Layout" section of the repository's README.md.
 """
 
 from __future__ import annotations

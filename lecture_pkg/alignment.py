@@ -1,4 +1,7 @@
-"""From language model to assistant: the losses of post-training, as small functions.
+"""From language model to assistant: the chat template and the losses of post-training, as
+small functions (chapter 10). Their data (instructions and preference pairs) is in
+:mod:`lecture_pkg.shakespeare_tasks`, the log-probabilities they take come from
+:mod:`lecture_pkg.lm_eval`.
 
 * **Chat template and loss masking** (instruction tuning, SFT): a conversation becomes one token
   sequence ``<|user|> prompt <|end|> <|assistant|> response <|end|>``; a boolean
@@ -16,16 +19,8 @@
 * **DPO**: :func:`dpo_loss`, the logistic loss on beta times the difference of the policy's and
   the reference's log-ratio of chosen over rejected responses; its implicit reward is
   ``beta * (log pi(y|x) - log pi_ref(y|x))``.
-
-* **A small instruction set with checkable answers** (:func:`make_instructions`): tasks over
-  Shakespeare's words and lines (upper-case a word, reverse it, count the words of a line),
-  built offline from any text, so held-out instructions come from held-out plays;
-  :func:`generate_answers` answers them with a model, :func:`exact_match` scores the answers.
-* **Preferences from a known rule** (:func:`make_preference_pairs`): the correct answer is
-  preferred to a plausible wrong one (the word unchanged, the other task's answer, one letter
-  off, a count off by one).
-* :func:`load_shakespeare_sft`: the book's Shakespeare GPT after SFT on the instruction set
-  (``scripts/train_sft.py`` writes it).
+* **Answering** (:func:`generate_answers`): a batch of prompts answered in the chat template,
+  greedily or by sampling, with the masks that PPO and GRPO need.
 
 Shapes: token ids (batch, t); per-token log-probabilities and masks (batch, t - 1), aligned with
 the targets ``input_ids[:, 1:]`` (position i scores token i + 1); sequence log-probabilities,
@@ -34,96 +29,23 @@ rewards and advantages (batch,). Masks are bool, True = the token counts.
 
 from __future__ import annotations
 
-import functools
-import random
-import re
-import string
-from collections import defaultdict
-from collections.abc import Collection, Sequence
-from typing import Any, NamedTuple, Protocol
+from collections.abc import Sequence
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from lecture_pkg.checks import check_bool_mask, check_float_tensor, check_int
+from lecture_pkg.lm_eval import check_logits_and_mask
 from lecture_pkg.models.gpt import GPT, next_token_loss
-from lecture_pkg.pretrained import CharTokenizer, load_gpt_weights, load_shakespeare_gpt
-from lecture_pkg.shipped import shipped_info
 
-__all__ = ["CHAT_TOKENS", "INSTRUCTION_TASKS", "Instruction", "Rollout", "bradley_terry_loss",
-           "completion_loss", "dpo_loss", "encode_chat", "exact_match", "generate_answers",
-           "group_advantages", "grpo_loss", "kl_penalty", "load_shakespeare_sft",
-           "make_instructions", "make_preference_pairs", "pack", "pad_right",
-           "ppo_clip_loss", "sequence_logprobs", "shakespeare_instructions",
-           "shakespeare_sft_info", "token_logprobs",
-           "wrong_answer"]
+__all__ = ["CHAT_TOKENS", "Rollout", "bradley_terry_loss", "completion_loss", "dpo_loss",
+           "encode_chat", "generate_answers", "group_advantages", "grpo_loss", "kl_penalty",
+           "pack", "ppo_clip_loss"]
+
 
 CHAT_TOKENS = ("<|user|>", "<|assistant|>", "<|end|>")
-INSTRUCTION_TASKS = ("upper", "reverse", "count")
-
-
-class Instruction(NamedTuple):
-    """One instruction: its task, the prompt the user writes and the one correct answer."""
-
-    task: str
-    prompt: str
-    answer: str
-
-
-def make_instructions(text: str, n: int, seed: int = 0,
-                      tasks: Sequence[str] = INSTRUCTION_TASKS,
-                      exclude_words: Collection[str] = ()) -> list[Instruction]:
-    """``n`` instructions drawn from ``text``, the tasks in turn:
-
-    - ``"upper: night"`` -> ``"NIGHT"`` and ``"reverse: night"`` -> ``"thgin"``, on lower-case
-      words of 3 to 7 letters (``exclude_words`` left out, e.g. the training words);
-    - ``"count: Which is a wonder"`` -> ``"4"``, on lines of 1 to 9 words and at most 40
-      characters.
-
-    Deterministic given ``seed``.
-    """
-    check_int("n", n, minimum=1)
-    unknown = [t for t in tasks if t not in INSTRUCTION_TASKS]
-    if unknown or not tasks:
-        raise ValueError(f"tasks must be a non-empty subset of {INSTRUCTION_TASKS}, got {tasks}")
-    excluded = set(exclude_words)
-    words = sorted({w for w in re.findall(r"\b[a-z]+\b", text)
-                    if 3 <= len(w) <= 7 and w not in excluded})
-    lines = sorted({line.strip() for line in text.split("\n")
-                    if 0 < len(line.strip()) <= 40 and len(line.split()) <= 9})
-    if not words or not lines:
-        raise ValueError("text must hold lower-case words of 3 to 7 letters and short lines")
-    rng = random.Random(seed)
-    examples = []
-    for i in range(n):
-        task = tasks[i % len(tasks)]
-        if task == "count":
-            line = rng.choice(lines)
-            examples.append(Instruction(task, f"count: {line}", str(len(line.split()))))
-        else:
-            word = rng.choice(words)
-            answer = word.upper() if task == "upper" else word[::-1]
-            examples.append(Instruction(task, f"{task}: {word}", answer))
-    return examples
-
-
-@functools.cache
-def _training_words() -> frozenset[str]:
-    from lecture_pkg.data import shakespeare
-
-    return frozenset(re.findall(r"\b[a-z]+\b", shakespeare("train")))
-
-
-def shakespeare_instructions(split: str, n: int, seed: int = 0,
-                             tasks: Sequence[str] = INSTRUCTION_TASKS) -> list[Instruction]:
-    """:func:`make_instructions` over the works of one split of
-    :func:`lecture_pkg.data.shakespeare`. Outside ``"train"`` the words of the training works
-    are left out, so a held-out instruction's word was never seen in training."""
-    from lecture_pkg.data import shakespeare
-
-    exclude = _training_words() if split != "train" else frozenset()
-    return make_instructions(shakespeare(split), n, seed, tasks, exclude_words=exclude)
 
 
 class ChatTokenizer(Protocol):
@@ -193,17 +115,6 @@ def pack(examples: Sequence[tuple[Sequence[int], Sequence[bool]]], block_size: i
     return input_ids, completion_mask
 
 
-def _check_ids_and_mask(logits: Tensor, input_ids: Tensor, completion_mask: Tensor) -> None:
-    check_float_tensor("logits", logits)
-    if logits.dim() != 3 or tuple(logits.shape[:2]) != tuple(input_ids.shape):
-        raise ValueError(f"logits must be (batch, t, vocab) with (batch, t) = input_ids' shape "
-                         f"{tuple(input_ids.shape)}, got {tuple(logits.shape)}")
-    check_bool_mask("completion_mask", completion_mask)
-    if completion_mask.shape != input_ids.shape:
-        raise ValueError(f"completion_mask must have input_ids' shape {tuple(input_ids.shape)}, "
-                         f"got {tuple(completion_mask.shape)}")
-
-
 def completion_loss(logits: Tensor, input_ids: Tensor, completion_mask: Tensor) -> Tensor:
     """SFT loss: mean next-token cross-entropy over the tokens where ``completion_mask`` is True.
 
@@ -211,26 +122,10 @@ def completion_loss(logits: Tensor, input_ids: Tensor, completion_mask: Tensor) 
     position i - 1, so a mask that is True at position 0 has no effect there. Every counted
     token weighs the same (the mean is over tokens, not over examples), as in trl.
     """
-    _check_ids_and_mask(logits, input_ids, completion_mask)
+    check_logits_and_mask(logits, input_ids, completion_mask)
     if not bool(completion_mask[:, 1:].any()):
         raise ValueError("completion_mask marks no token after position 0: nothing to learn")
     return next_token_loss(logits, input_ids, completion_mask)
-
-
-def token_logprobs(logits: Tensor, input_ids: Tensor) -> Tensor:
-    """log p(input_ids[:, i + 1] | input_ids[:, :i + 1]) for every position: (batch, t - 1)."""
-    check_float_tensor("logits", logits)
-    if logits.dim() != 3 or tuple(logits.shape[:2]) != tuple(input_ids.shape):
-        raise ValueError(f"logits must be (batch, t, vocab) with (batch, t) = input_ids' shape "
-                         f"{tuple(input_ids.shape)}, got {tuple(logits.shape)}")
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    return logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-
-
-def sequence_logprobs(logits: Tensor, input_ids: Tensor, completion_mask: Tensor) -> Tensor:
-    """log pi(response | prompt): the sum of the completion tokens' log-probabilities, (batch,)."""
-    _check_ids_and_mask(logits, input_ids, completion_mask)
-    return (token_logprobs(logits, input_ids) * completion_mask[:, 1:]).sum(-1)
 
 
 def _check_same_shape(**tensors: Tensor) -> None:
@@ -339,58 +234,6 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, reference_logprobs: Tensor
     return surrogate + beta * kl, kl.detach()
 
 
-# --- answering instructions, judging answers, the SFT checkpoint -------------------------------
-
-def _argument(item: Instruction) -> str:
-    return item.prompt.split(": ", 1)[1]
-
-
-def wrong_answer(item: Instruction, rng: random.Random) -> str:
-    """A plausible wrong answer to ``item``, drawn with ``rng``: for a word, the word unchanged,
-    the other task's answer, one letter replaced, or one letter dropped or doubled at the end;
-    for a count, the count plus or minus one."""
-    if item.task == "count":
-        n = int(item.answer)
-        return str(n + 1 if n <= 1 or rng.random() < 0.5 else n - 1)
-    word = _argument(item)
-    letters = string.ascii_uppercase if item.task == "upper" else string.ascii_lowercase
-    i = rng.randrange(len(item.answer))
-    replaced = item.answer[:i] + rng.choice(letters.replace(item.answer[i], "")) \
-        + item.answer[i + 1:]
-    options = [word, word[::-1] if item.task == "upper" else word.upper(), replaced,
-               item.answer[:-1], item.answer + item.answer[-1]]
-    return rng.choice([o for o in options if o != item.answer])
-
-
-def make_preference_pairs(items: Sequence[Instruction], seed: int = 0
-                          ) -> list[tuple[str, str, str]]:
-    """(prompt, chosen, rejected) for every item, by a known rule: the correct answer is
-    preferred to a wrong one (:func:`wrong_answer`). Deterministic given ``seed``."""
-    rng = random.Random(seed)
-    return [(it.prompt, it.answer, wrong_answer(it, rng)) for it in items]
-
-
-def pad_right(examples: Sequence[tuple[Sequence[int], Sequence[bool]]], pad_id: int
-              ) -> tuple[Tensor, Tensor, Tensor]:
-    """One example per row, padded on the right to the longest: (input_ids, attention_mask,
-    completion_mask), each (len(examples), longest); attention_mask is 1 on real tokens."""
-    check_int("pad_id", pad_id)
-    if not examples:
-        raise ValueError("examples must not be empty")
-    width = max(len(ids) for ids, _ in examples)
-    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
-    keep = torch.zeros(len(examples), width, dtype=torch.long)
-    mask = torch.zeros(len(examples), width, dtype=torch.bool)
-    for row, (example_ids, example_mask) in enumerate(examples):
-        if len(example_ids) != len(example_mask):
-            raise ValueError(f"examples[{row}] has {len(example_ids)} ids but "
-                             f"{len(example_mask)} mask entries")
-        ids[row, :len(example_ids)] = torch.tensor(list(example_ids), dtype=torch.long)
-        keep[row, :len(example_ids)] = 1
-        mask[row, :len(example_mask)] = torch.tensor([bool(m) for m in example_mask])
-    return ids, keep, mask
-
-
 class Rollout(NamedTuple):
     """Answers generated for a batch of prompts.
 
@@ -431,31 +274,3 @@ def generate_answers(model: GPT, tokenizer: ChatTokenizer, prompts: Sequence[str
              for row, keep_row in zip(new.tolist(), answer.tolist())]
     return Rollout(out, torch.cat([keep, answer.long()], 1),
                    torch.cat([torch.zeros_like(keep, dtype=torch.bool), answer], 1), texts)
-
-
-def exact_match(predictions: Sequence[str], items: Sequence[Instruction]) -> dict[str, float]:
-    """Exact-match accuracy per task, {task: share of items whose prediction is the answer}."""
-    if len(predictions) != len(items):
-        raise ValueError(f"predictions has {len(predictions)} entries but items {len(items)}")
-    by_task: dict[str, list[bool]] = defaultdict(list)
-    for prediction, item in zip(predictions, items):
-        by_task[item.task].append(prediction == item.answer)
-    return {task: sum(hits) / len(hits) for task, hits in by_task.items()}
-
-
-SFT_CHECKPOINT = "shakespeare_sft"
-
-
-def shakespeare_sft_info() -> dict[str, Any]:
-    """The JSON stored beside the SFT weights: how they were trained and their held-out
-    accuracy (``figures``)."""
-    return shipped_info(SFT_CHECKPOINT)
-
-
-def load_shakespeare_sft(device: torch.device | str | None = None
-                         ) -> tuple[GPT, CharTokenizer]:
-    """The reference Shakespeare GPT after supervised fine-tuning on :func:`make_instructions`
-    (float32, eval mode) and its tokenizer."""
-    model, tokenizer = load_shakespeare_gpt(device=device)
-    load_gpt_weights(model, SFT_CHECKPOINT)
-    return model.eval(), tokenizer

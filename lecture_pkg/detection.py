@@ -1,5 +1,6 @@
-"""Object detection as set prediction (DETR, Carion et al., 2020): data, boxes, matching, loss
-and the AP metric. The model itself is in :mod:`lecture_pkg.models.detr`.
+"""Object detection as set prediction (DETR, Carion et al., 2020) on synthetic shapes (chapter
+8.3): data, boxes, matching, loss, the AP metric and the book's shipped DETR. The model itself is
+in :mod:`lecture_pkg.models.detr`.
 
 1. :func:`synthetic_shapes`: images of 1-4 coloured squares, circles and triangles with their
    boxes and classes, deterministic from a ``torch.Generator``;
@@ -10,7 +11,10 @@ and the AP metric. The model itself is in :mod:`lecture_pkg.models.detr`.
 4. :func:`detr_loss`: cross-entropy over every query (the unmatched ones must say "no object",
    whose weight is ``eos_coef``) plus L1 and GIoU on the matched boxes;
 5. :func:`average_precision`: box AP at one IoU threshold, averaged over classes (all-point
-   interpolation of the precision-recall curve).
+   interpolation of the precision-recall curve);
+6. a DETR trained and measured with them: :func:`set_loss` (the loss at every decoder layer),
+   :func:`detection_ap` (a model's AP on held-out images), and :func:`load_shapes_detr`, the
+   checkpoint that ``scripts/train_detr.py`` trains longer.
 
 Boxes are ``(cx, cy, w, h)`` normalised by the image size unless a name says ``xyxy``
 (``(x0, y0, x1, y1)``). Classes are ``0 .. num_classes - 1``; the model's extra last logit is
@@ -20,15 +24,18 @@ Boxes are ``(cx, cy, w, h)`` normalised by the image size unless a name says ``x
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from lecture_pkg.checks import check_float_tensor, check_int
+from lecture_pkg.models.detr import DETR, DETRConfig, DETROutput
+from lecture_pkg.shipped import Shipped, shipped_info, shipped_state
 
 __all__ = [
+    "CHECKPOINT",
     "CLASS_NAMES",
     "ShapesData",
     "average_precision",
@@ -36,14 +43,19 @@ __all__ = [
     "box_cxcywh_to_xyxy",
     "box_iou",
     "box_xyxy_to_cxcywh",
+    "detection_ap",
     "detr_loss",
     "generalized_box_iou",
     "hungarian",
     "hungarian_match",
+    "load_shapes_detr",
     "match_cost",
+    "set_loss",
+    "shapes_detr_info",
     "synthetic_shapes",
 ]
 
+CHECKPOINT = "detr_shapes"  # written by scripts/train_detr.py
 CLASS_NAMES = ("square", "circle", "triangle")
 _PALETTE = torch.tensor([[0.95, 0.25, 0.2], [0.2, 0.75, 0.3], [0.25, 0.45, 0.95],
                          [0.95, 0.8, 0.2], [0.85, 0.35, 0.85], [0.3, 0.85, 0.9]])
@@ -408,3 +420,47 @@ def average_precision(pred_boxes: list[Tensor], pred_scores: list[Tensor],
             (recall_steps * envelope).sum()) if len(hits) else 0.0
     result["ap"] = float(sum(result.values()) / len(result)) if result else 0.0
     return result
+
+
+# --------------------------------------------------------------------------------------------
+# 6. The DETR trained on the shapes
+# --------------------------------------------------------------------------------------------
+
+def set_loss(output: DETROutput, target_classes: list[Tensor], target_boxes: list[Tensor],
+             eos_coef: float = 0.1) -> Tensor:
+    """DETR's training loss: :func:`detr_loss` on the last decoder layer's predictions plus,
+    each matched on its own, on every earlier layer's (auxiliary losses)."""
+    total = output.logits.new_zeros(())
+    for logits, boxes in [*output.aux, (output.logits, output.boxes)]:
+        total = total + detr_loss(logits, boxes, target_classes, target_boxes,
+                                  eos_coef=eos_coef)["loss"]
+    return total
+
+
+@torch.no_grad()
+def detection_ap(model: DETR, images: Tensor, target_boxes: list[Tensor],
+                 target_classes: list[Tensor], iou_threshold: float = 0.5,
+                 batch_size: int = 256) -> dict[str, float]:
+    """Box AP at ``iou_threshold`` of every query's detection on held-out images (see
+    :func:`average_precision`); the model is put in eval mode."""
+    model.eval()
+    parts = [model.predict(images[i:i + batch_size])
+             for i in range(0, len(images), batch_size)]
+    boxes, scores, classes = (torch.cat(p) for p in zip(*parts))
+    return average_precision(list(boxes), list(scores), list(classes), target_boxes,
+                             target_classes, model.config.num_classes, iou_threshold)
+
+
+def shapes_detr_info() -> dict[str, Any]:
+    """The JSON stored beside the shipped DETR's weights: ``config`` (DETRConfig fields), the
+    training settings and data seeds, ``seconds`` and ``heldout_ap50``."""
+    return shipped_info(CHECKPOINT)
+
+
+def load_shapes_detr(device: torch.device | str | None = None) -> Shipped:
+    """The DETR trained longer on :func:`synthetic_shapes` by ``scripts/train_detr.py``
+    (float32, eval mode, on ``device``; default CPU), with no tokenizer (``None``): it reads
+    pixels. Its recorded figures are in :func:`shapes_detr_info`."""
+    model = DETR(DETRConfig(**shapes_detr_info()["config"]))
+    model.load_state_dict(shipped_state(CHECKPOINT))
+    return Shipped(model.to(device or "cpu").eval(), None)

@@ -1,11 +1,12 @@
-"""Span corruption on the bytes of Shakespeare, as chapter 7.4 pretrains its small T5: the
-byte vocabulary, the batches (64-byte chunks, T5's noise 0.15 and mean span 3, corrupted afresh
-at every use), the teacher-forced held-out evaluation, and the book's small pretrained T5.
+"""The book's small byte-level T5, pretrained by span corruption on the bytes of Shakespeare as
+chapter 7.6 does it: the batches (64-byte chunks, T5's noise 0.15 and mean span 3, corrupted
+afresh at every use), the teacher-forced held-out evaluation, and the shipped checkpoint. Its
+vocabulary is :data:`TOKENIZER`, a :class:`lecture_pkg.char_tokenizers.ByteTokenizer`.
 
 ::
 
     from lecture_pkg.shakespeare_t5 import held_out_batches, load_shakespeare_t5, t5_eval
-    model = load_shakespeare_t5()                # T5 (eval mode)
+    model, tokenizer = load_shakespeare_t5()     # T5 (eval mode), ByteTokenizer
     figures = t5_eval(model, held_out_batches())  # {"dropped bytes accuracy": ..., ...}
 
 ``scripts/train_t5.py --export lecture_pkg/checkpoints`` writes the two checkpoint files.
@@ -18,30 +19,28 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lecture_pkg.char_tokenizers import ByteTokenizer
 from lecture_pkg.checks import check_int
 from lecture_pkg.data import shakespeare
-from lecture_pkg.masks import T5_SENTINELS, apply_span_corruption, random_spans
+from lecture_pkg.masks import apply_span_corruption, random_spans
 from lecture_pkg.models.t5 import T5, T5Config, shift_right
-from lecture_pkg.shipped import shipped_info, shipped_state
+from lecture_pkg.shipped import Shipped, shipped_info, shipped_state
 
-__all__ = ["CHECKPOINT", "CHUNK", "EOS", "HELD_OUT_SEED", "NOISE", "NUM_SENTINELS", "PAD",
-           "SENTINEL_IDS", "VOCAB", "held_out_batches", "load_shakespeare_t5",
-           "shakespeare_t5_info", "small_config", "t5_batch", "t5_eval", "to_chunks"]
+__all__ = ["CHECKPOINT", "CHUNK", "EOS", "HELD_OUT_SEED", "NOISE", "PAD", "SENTINEL_IDS",
+           "TOKENIZER", "held_out_batches", "load_shakespeare_t5", "shakespeare_t5_info",
+           "small_config", "t5_batch", "t5_eval", "to_chunks"]
 
-PAD, EOS, NUM_SENTINELS, CHUNK, NOISE, MEAN_SPAN = 0, 1, 16, 64, 0.15, 3.0
+CHUNK, NOISE, MEAN_SPAN = 64, 0.15, 3.0
 CHECKPOINT = "shakespeare_t5"
 HELD_OUT_SEED = 1000  # the one fixed corruption of the held-out chunks
-_BYTE_NAMES = [chr(b) if 32 < b < 127 else "␣" if b == 32 else f"x{b:02x}" for b in range(256)]
-VOCAB = ["<pad>", "</s>", *_BYTE_NAMES, *T5_SENTINELS[:NUM_SENTINELS]]
-SENTINEL_IDS = list(range(len(VOCAB) - NUM_SENTINELS, len(VOCAB)))
+TOKENIZER = ByteTokenizer(num_sentinels=16)
+PAD, EOS, SENTINEL_IDS = TOKENIZER.pad_id, TOKENIZER.eos_id, TOKENIZER.sentinel_ids
 
 
 def to_chunks(text: str) -> Tensor:
     """(n_chunks, CHUNK) ids: the UTF-8 bytes shifted by 2 (after <pad> and </s>); the tail
     that does not fill a chunk is dropped."""
-    if not isinstance(text, str):
-        raise TypeError(f"text must be a str, got {type(text).__name__}")
-    ids = torch.tensor(list(text.encode("utf-8"))) + 2
+    ids = torch.tensor(TOKENIZER.encode(text))
     return ids[: len(ids) // CHUNK * CHUNK].view(-1, CHUNK)
 
 
@@ -98,7 +97,7 @@ def t5_eval(model: T5, batches: list[tuple[Tensor, ...]]) -> dict[str, float]:
 
 def small_config() -> T5Config:
     """The chapter's small T5: 2 + 2 layers of width 128, 4 heads, no dropout."""
-    return T5Config(vocab_size=len(VOCAB), d_model=128, d_ff=512, num_layers=2,
+    return T5Config(vocab_size=TOKENIZER.vocab_size, d_model=128, d_ff=512, num_layers=2,
                     num_decoder_layers=2, num_heads=4, dropout=0.0)
 
 
@@ -108,9 +107,10 @@ def shakespeare_t5_info() -> dict[str, Any]:
     return shipped_info(CHECKPOINT)
 
 
-def load_shakespeare_t5(device: torch.device | str | None = None) -> T5:
+def load_shakespeare_t5(device: torch.device | str | None = None) -> Shipped:
     """The small byte-level T5 pretrained longer (float32, eval mode, on ``device``; default
-    CPU). The weights are stored in float16 and read with safetensors."""
+    CPU) and its :data:`TOKENIZER`. The weights are stored in float16 and read with
+    safetensors."""
     model = T5(T5Config(**shakespeare_t5_info()["config"]))
     model.load_state_dict(shipped_state(CHECKPOINT))
-    return model.to(device or "cpu").eval()
+    return Shipped(model.to(device or "cpu").eval(), TOKENIZER)

@@ -2,9 +2,16 @@
 
 Each checkpoint is a pair: ``<name>.safetensors`` (the tensors, float16 where that loses nothing
 the book measures) and ``<name>.json`` (the facts about it: configuration, vocabulary, how it
-was trained, its recorded held-out figures). The loaders of the individual models
-(:func:`lecture_pkg.pretrained.load_shakespeare_gpt` and the like) read both through here, with
-safetensors only, so no pickled code is ever run.
+was trained, its recorded held-out figures). The loaders of the individual models read both
+through here, with safetensors only, so no pickled code is ever run. Every loader has one shape:
+``load_<name>(device=None) -> Shipped(model, tokenizer)``, the model in float32 and eval mode on
+``device`` (default CPU), beside an info function ``<name>_info()`` returning the JSON:
+
+* :mod:`lecture_pkg.shakespeare_gpt`: ``load_shakespeare_gpt`` (three checkpoints) and
+  ``load_shakespeare_sft``;
+* :mod:`lecture_pkg.shakespeare_bert`: ``load_shakespeare_bert``;
+* :mod:`lecture_pkg.shakespeare_t5`: ``load_shakespeare_t5``;
+* :mod:`lecture_pkg.detection`: ``load_shapes_detr`` (tokenizer ``None``: it reads pixels).
 """
 
 from __future__ import annotations
@@ -17,9 +24,17 @@ import sys
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from torch import Tensor
+from torch import Tensor, nn
+
+
+class Shipped(NamedTuple):
+    """What every loader of a shipped checkpoint returns: the model (float32, eval mode) and
+    its tokenizer (a :mod:`lecture_pkg.char_tokenizers` class; ``None`` for a vision model)."""
+
+    model: nn.Module
+    tokenizer: Any
 
 
 def _check_name(name: str) -> None:

@@ -14,8 +14,10 @@ them).
 
 from __future__ import annotations
 
+import ast
 import inspect
 import sys
+import textwrap
 from collections.abc import Sequence
 
 import altair as alt
@@ -118,10 +120,24 @@ def _grid_step(values: list[float]) -> float:
     return step
 
 
-def show_source(obj: object) -> Code:
+def show_source(obj: object, docstring: bool = True) -> Code:
     """Display the source of a package function or class in a notebook, so that the book shows
-    the code it runs and the two can never drift apart."""
-    return Code(inspect.getsource(obj), language="python")
+    the code it runs and the two can never drift apart. ``docstring=False`` leaves out its
+    docstring (a method's source is then dedented), where the prose has just said the same."""
+    source = inspect.getsource(obj)
+    return Code(source if docstring else _without_docstring(source), language="python")
+
+
+def _without_docstring(source: str) -> str:
+    """``source`` of one def or class, dedented, without the docstring that opens its body."""
+    source = textwrap.dedent(source)
+    lines = source.splitlines(keepends=True)
+    body = ast.parse(source).body[0].body
+    first = body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+            and isinstance(first.value.value, str):
+        del lines[first.lineno - 1:first.end_lineno]
+    return "".join(lines)
 
 
 # myst-nb reads glued values from outputs carrying this MIME prefix and a "scrapbook" record.

@@ -9,7 +9,7 @@ The graph takes ``input_ids`` (1, t) int64, 1 <= t <= n_positions, and returns
 - ``lens`` (n_layer, vocab): the logit lens at the last position, the residual stream after each
   block read through the final LayerNorm and the tied output layer (the last row is the logits).
 
-The shipped weights are float16 (lecture_pkg.pretrained); PyTorch loads them into float32. The
+The shipped weights are float16 (lecture_pkg.shakespeare_gpt); PyTorch loads them into float32. The
 export stores them as float16 initializers, each followed by a Cast to float32, so the file is
 half the size of a float32 export and computes with exactly the weights PyTorch uses.
 
@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from lecture_pkg.models.gpt import GPT  # noqa: E402
-from lecture_pkg.pretrained import load_shakespeare_gpt, shakespeare_gpt_info  # noqa: E402
+from lecture_pkg.shakespeare_gpt import load_shakespeare_gpt, shakespeare_gpt_info  # noqa: E402
 
 OUT = ROOT / "book" / "live_gpt"
 

@@ -42,12 +42,13 @@ from pathlib import Path
 
 import torch
 
+from lecture_pkg.char_tokenizers import CharTokenizer
 from lecture_pkg.data import shakespeare
 from lecture_pkg.experiments import Arm, compare
+from lecture_pkg.lm_eval import eval_starts
 from lecture_pkg.models.gpt import GPT, GPTConfig, next_token_loss
 from lecture_pkg.models.llama import Llama, LlamaConfig
 from lecture_pkg.muon import muon_and_adamw
-from lecture_pkg.pretrained import CharTokenizer, eval_starts
 
 CHANGES = {  # arm -> (LlamaConfig overrides, learning-rate multiplier)
     "modern": ({}, 1.0),

@@ -40,9 +40,10 @@ from pathlib import Path
 
 import torch
 
+from lecture_pkg.char_tokenizers import CharTokenizer
 from lecture_pkg.data import shakespeare
+from lecture_pkg.lm_eval import eval_starts
 from lecture_pkg.models.llama import Llama, LlamaConfig
-from lecture_pkg.pretrained import CharTokenizer, eval_starts
 
 # (n_layer, d_model): widths and depths of one family, head_dim 32 (16 in the tiny preset)
 FAMILY = [(2, 64), (3, 96), (4, 128), (4, 192), (6, 256), (8, 320)]

@@ -9,7 +9,7 @@ The book's checkpoint (``lecture_pkg/checkpoints/shakespeare_bert.*``), on one C
 The vocabulary is the special tokens plus every character of the lower-cased training works.
 Training reads the 34 training works; the validation works give the curve; the test works give
 the recorded figures: masked-position accuracy of the model and of the count rules
-(:class:`lecture_pkg.shakespeare_mlm.CountRules`) on one fixed corruption of the first
+(:class:`lecture_pkg.shakespeare_bert.CountRules`) on one fixed corruption of the first
 ``TEST_WINDOWS`` windows, and on a smaller slice a unit test re-evaluates. Every evaluation
 overwrites the export, so the latest one is always usable.
 """
@@ -25,13 +25,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from lecture_pkg.char_tokenizers import MLMChars
 from lecture_pkg.data import shakespeare
 from lecture_pkg.masks import IGNORE_INDEX
 from lecture_pkg.models.bert import BertConfig, BertForPreTraining
-from lecture_pkg.shakespeare_mlm import (
+from lecture_pkg.shakespeare_bert import (
     CHECKPOINT,
     CountRules,
-    MLMChars,
     held_out_batch,
     masked_accuracy,
     mlm_predict,

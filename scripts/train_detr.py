@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from lecture_pkg import seed_everything
-from lecture_pkg.detection import synthetic_shapes
-from lecture_pkg.models.detr import DETR, DETRConfig, detection_ap, set_loss
+from lecture_pkg.detection import detection_ap, set_loss, synthetic_shapes
+from lecture_pkg.models.detr import DETR, DETRConfig
 from lecture_pkg.shipped import save_shipped
 from lecture_pkg.training import adamw, warmup_cosine
 

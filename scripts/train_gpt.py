@@ -10,7 +10,7 @@ The book's checkpoint (``lecture_pkg/checkpoints/shakespeare_gpt.*``), on one CP
 (about 52 minutes on one thread; ``make checkpoint`` runs it).
 
 Chapter 10's few-shot model continues that checkpoint with a quarter of every batch replaced by
-demonstration lists (:func:`lecture_pkg.in_context.demonstration_windows`)::
+demonstration lists (:func:`lecture_pkg.shakespeare_tasks.demonstration_windows`)::
 
     OMP_NUM_THREADS=1 python scripts/train_gpt.py --init shakespeare_gpt --demo-share 0.25 \\
         --name shakespeare_gpt_demos --batch-size 32 --steps 2000 --lr 1e-3 --warmup 100 \\
@@ -32,7 +32,7 @@ rows of the same global batch, and DDP averages the gradients, so the parameters
 single-process run on the same global batch (tests/test_gpt.py checks this on 2 CPU processes).
 
 The vocabulary is every character of the 42 works plus the special tokens of
-:data:`lecture_pkg.pretrained.SPECIAL_TOKENS`. Training reads the 34 training works; the
+:data:`lecture_pkg.char_tokenizers.SPECIAL_TOKENS`. Training reads the 34 training works; the
 validation works give the curve, the test works the recorded figures. ``--export DIR`` writes
 ``shakespeare_gpt.safetensors`` (float16) and ``shakespeare_gpt.json`` at every evaluation, so
 the latest export is always usable.
@@ -49,10 +49,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from lecture_pkg.char_tokenizers import CharTokenizer
 from lecture_pkg.data import shakespeare
-from lecture_pkg.in_context import SPELLINGS, demonstration_windows, spelling_accuracy, spelling_words
+from lecture_pkg.lm_eval import eval_starts, nats_per_char
 from lecture_pkg.models.gpt import GPT, GPTConfig, lm_batches, next_token_loss
-from lecture_pkg.pretrained import CHECKPOINT, CharTokenizer, eval_starts, load_gpt_weights, nats_per_char
+from lecture_pkg.shakespeare_gpt import CHECKPOINT, load_gpt_weights
+from lecture_pkg.shakespeare_tasks import SPELLINGS, demonstration_windows, spelling_accuracy, spelling_words
 from lecture_pkg.shipped import provenance, save_shipped, shipped_info
 from lecture_pkg.training import adamw, distributed_setup, train, warmup_cosine, wrap_ddp
 

@@ -1,5 +1,5 @@
 """Supervised fine-tuning (SFT) of the book's Shakespeare GPT on the instruction set of
-:func:`lecture_pkg.alignment.shakespeare_instructions` (upper-case a word, reverse it, count
+:func:`lecture_pkg.shakespeare_tasks.shakespeare_instructions` (upper-case a word, reverse it, count
 the words of a line): the chat template, the loss on the answers only, packed rows.
 
 The book's SFT checkpoint (``lecture_pkg/checkpoints/shakespeare_sft.*``), on one CPU thread::
@@ -22,17 +22,10 @@ from pathlib import Path
 
 import torch
 
-from lecture_pkg.alignment import (
-    SFT_CHECKPOINT,
-    completion_loss,
-    encode_chat,
-    exact_match,
-    generate_answers,
-    pack,
-    shakespeare_instructions,
-)
+from lecture_pkg.alignment import completion_loss, encode_chat, generate_answers, pack
 from lecture_pkg.models.gpt import GPT
-from lecture_pkg.pretrained import load_shakespeare_gpt, shakespeare_gpt_info
+from lecture_pkg.shakespeare_gpt import SFT_CHECKPOINT, load_shakespeare_gpt, shakespeare_gpt_info
+from lecture_pkg.shakespeare_tasks import exact_match, shakespeare_instructions
 from lecture_pkg.shipped import provenance, save_shipped
 
 TEST_ITEMS, TEST_SEED = 300, 1  # the recorded held-out set

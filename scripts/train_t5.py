@@ -26,14 +26,7 @@ import torch
 
 from lecture_pkg.data import shakespeare
 from lecture_pkg.models.t5 import T5, shift_right, t5_loss
-from lecture_pkg.shakespeare_t5 import (
-    CHECKPOINT,
-    held_out_batches,
-    small_config,
-    t5_batch,
-    t5_eval,
-    to_chunks,
-)
+from lecture_pkg.shakespeare_t5 import CHECKPOINT, held_out_batches, small_config, t5_batch, t5_eval, to_chunks
 from lecture_pkg.shipped import provenance, save_shipped
 from lecture_pkg.training import train, warmup_cosine
 

@@ -18,14 +18,13 @@ from lecture_pkg.alignment import (
     group_advantages,
     grpo_loss,
     kl_penalty,
-    make_instructions,
     pack,
     ppo_clip_loss,
-    sequence_logprobs,
-    token_logprobs,
 )
+from lecture_pkg.char_tokenizers import CharTokenizer
+from lecture_pkg.lm_eval import sequence_logprobs, token_logprobs
 from lecture_pkg.models.gpt import GPT
-from lecture_pkg.pretrained import CharTokenizer
+from lecture_pkg.shakespeare_tasks import make_instructions
 
 transformers = pytest.importorskip("transformers")
 trl_utils = pytest.importorskip("trl.trainer.utils")
@@ -271,7 +270,7 @@ def test_make_instructions_answers_and_held_out_words():
 def test_wrong_answers_are_wrong_and_pairs_deterministic():
     import random
 
-    from lecture_pkg.alignment import Instruction, make_preference_pairs, wrong_answer
+    from lecture_pkg.shakespeare_tasks import Instruction, make_preference_pairs, wrong_answer
 
     items = [Instruction("upper", "upper: night", "NIGHT"),
              Instruction("reverse", "reverse: night", "thgin"),
@@ -289,7 +288,8 @@ def test_wrong_answers_are_wrong_and_pairs_deterministic():
 
 
 def test_pad_right_and_exact_match():
-    from lecture_pkg.alignment import Instruction, exact_match, pad_right
+    from lecture_pkg.lm_eval import pad_right
+    from lecture_pkg.shakespeare_tasks import Instruction, exact_match
 
     ids, keep, mask = pad_right([([1, 2, 3], [False, True, True]), ([4], [True])], pad_id=9)
     assert ids.tolist() == [[1, 2, 3], [4, 9, 9]]
@@ -338,8 +338,8 @@ def test_generate_answers_masks_the_answer_up_to_its_end(tokenizer):
 def test_shakespeare_instructions_hold_out_training_words():
     import re
 
-    from lecture_pkg.alignment import shakespeare_instructions
     from lecture_pkg.data import shakespeare
+    from lecture_pkg.shakespeare_tasks import shakespeare_instructions
 
     train_words = set(re.findall(r"\b[a-z]+\b", shakespeare("train")))
     held_out = shakespeare_instructions("test", 60, seed=1)
@@ -349,13 +349,9 @@ def test_shakespeare_instructions_hold_out_training_words():
 
 
 def test_sft_checkpoint_reproduces_its_recorded_held_out_accuracy():
-    from lecture_pkg.alignment import (
-        exact_match,
-        generate_answers,
-        load_shakespeare_sft,
-        shakespeare_instructions,
-        shakespeare_sft_info,
-    )
+    from lecture_pkg.alignment import generate_answers
+    from lecture_pkg.shakespeare_gpt import load_shakespeare_sft, shakespeare_sft_info
+    from lecture_pkg.shakespeare_tasks import exact_match, shakespeare_instructions
 
     recorded = shakespeare_sft_info()["figures"]["test"]
     model, tok = load_shakespeare_sft()

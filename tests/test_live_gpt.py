@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from lecture_pkg import generation
-from lecture_pkg.pretrained import load_shakespeare_gpt
+from lecture_pkg.shakespeare_gpt import load_shakespeare_gpt
 
 ROOT = Path(__file__).resolve().parents[1]
 LIVE = ROOT / "book" / "live_gpt"

@@ -123,6 +123,16 @@ def test_range_slider_and_filter() -> None:
 def test_show_source_displays_package_code() -> None:
     code = viz.show_source(lecture_pkg.budget)
     assert "def budget(small: T, large: T) -> T:" in code.data
+    assert '"""Return ``small``' in code.data
+
+
+def test_show_source_can_leave_out_the_docstring() -> None:
+    code = viz.show_source(lecture_pkg.budget, docstring=False).data
+    assert code == 'def budget(small: T, large: T) -> T:\n    return large if is_large_budget() else small\n'
+    from lecture_pkg.models.detr import DETR
+
+    method = viz.show_source(DETR.predict, docstring=False).data  # dedented, decorator kept
+    assert method.startswith("@torch.no_grad()\ndef predict(self") and '"""' not in method
 
 
 @pytest.mark.parametrize("display", [False, True])

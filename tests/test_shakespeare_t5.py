@@ -11,7 +11,7 @@ from lecture_pkg.shakespeare_t5 import (
     CHUNK,
     EOS,
     SENTINEL_IDS,
-    VOCAB,
+    TOKENIZER,
     held_out_batches,
     load_shakespeare_t5,
     shakespeare_t5_info,
@@ -22,7 +22,12 @@ from lecture_pkg.shakespeare_t5 import (
 
 
 def test_vocabulary_and_chunks() -> None:
-    assert len(VOCAB) == 2 + 256 + 16 and VOCAB[SENTINEL_IDS[0]] == "<extra_id_0>"
+    vocab = TOKENIZER.itos
+    assert len(vocab) == TOKENIZER.vocab_size == 2 + 256 + 16
+    assert vocab[SENTINEL_IDS[0]] == "<extra_id_0>" and vocab[2 + ord(" ")] == "␣"
+    text = "Fair is foul, and foul is fair: naïve"
+    assert TOKENIZER.decode(TOKENIZER.encode(text)) == text
+    assert TOKENIZER.decode([*TOKENIZER.encode("ab"), SENTINEL_IDS[1], EOS]) == "ab<extra_id_1></s>"
     chunks = to_chunks("a" * (CHUNK + 5))
     assert chunks.shape == (1, CHUNK) and (chunks == ord("a") + 2).all()
     with pytest.raises(ValueError, match="pool"):
@@ -56,7 +61,7 @@ def test_batches_rebuild_their_chunks_and_mark_the_noise() -> None:
 
 
 def test_shipped_checkpoint_reproduces_its_recorded_figure() -> None:
-    model = load_shakespeare_t5()
+    model, _ = load_shakespeare_t5()
     figures = shakespeare_t5_info()["figures"]
     check = figures["check_slice"]
     got = t5_eval(model, held_out_batches()[: check["batches"]])

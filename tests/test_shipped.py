@@ -1,13 +1,17 @@
 """The shipped-checkpoint reader: every checkpoint in the package has its JSON, loads with
-safetensors as float32, and bad names are refused."""
+safetensors as float32, and bad names are refused; every loader has one shape."""
 
+import importlib
+import inspect
 import json
 from importlib import resources
 
 import pytest
 import torch
+from torch import nn
 
-from lecture_pkg.shipped import save_shipped, shipped_info, shipped_state
+from lecture_pkg import char_tokenizers
+from lecture_pkg.shipped import Shipped, save_shipped, shipped_info, shipped_state
 
 NAMES = sorted(p.name.removesuffix(".safetensors")
                for p in (resources.files("lecture_pkg") / "checkpoints").iterdir()
@@ -68,3 +72,38 @@ def test_provenance_records_a_runnable_command_and_the_commit(tmp_path):
     assert record["commit"] == (head.stdout.strip() if head.returncode == 0 else "")
     outside = tmp_path / "train_x.py"  # not in a git checkout
     assert provenance(outside, []) == {"command": "python scripts/train_x.py", "commit": ""}
+
+
+LOADERS = {  # every shipped checkpoint: its loader, its info function, the tokenizer's class
+    "shakespeare_gpt": ("shakespeare_gpt", "load_shakespeare_gpt", "shakespeare_gpt_info", "CharTokenizer"),
+    "shakespeare_sft": ("shakespeare_gpt", "load_shakespeare_sft", "shakespeare_sft_info", "CharTokenizer"),
+    "shakespeare_bert": ("shakespeare_bert", "load_shakespeare_bert", "shakespeare_bert_info", "MLMChars"),
+    "shakespeare_t5": ("shakespeare_t5", "load_shakespeare_t5", "shakespeare_t5_info", "ByteTokenizer"),
+    "detr_shapes": ("detection", "load_shapes_detr", "shapes_detr_info", None),
+}
+
+
+def test_every_shipped_checkpoint_has_a_loader() -> None:
+    few_shot = {"shakespeare_gpt_demos", "shakespeare_gpt_formats"}  # load_shakespeare_gpt(checkpoint=...)
+    assert set(NAMES) == set(LOADERS) | few_shot
+
+
+@pytest.mark.parametrize("name", sorted(LOADERS))
+def test_every_loader_has_one_shape(name: str) -> None:
+    """load_<name>(device=None) -> Shipped(model, tokenizer): float32, eval mode, on the device
+    asked for; <name>_info() -> the JSON beside the weights."""
+    module_name, loader_name, info_name, tokenizer_class = LOADERS[name]
+    module = importlib.import_module(f"lecture_pkg.{module_name}")
+    loader, info = getattr(module, loader_name), getattr(module, info_name)
+    parameters = inspect.signature(loader).parameters
+    assert list(parameters)[0] == "device" and parameters["device"].default is None
+    assert inspect.signature(info).return_annotation in ("dict[str, Any]", dict)
+    loaded = loader(device="cpu")
+    assert isinstance(loaded, Shipped) and isinstance(loaded.model, nn.Module)
+    assert not loaded.model.training
+    assert {(p.dtype, p.device.type) for p in loaded.model.parameters()} == {(torch.float32, "cpu")}
+    if tokenizer_class is None:
+        assert loaded.tokenizer is None
+    else:
+        assert isinstance(loaded.tokenizer, getattr(char_tokenizers, tokenizer_class))
+    assert info() is shipped_info(name)

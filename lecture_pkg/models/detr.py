@@ -14,7 +14,8 @@ What is particular to DETR, on top of the encoder and decoder layers of :mod:`le
    head (a 3-layer MLP, sigmoid) predicting normalised (cx, cy, w, h). The same heads read
    every decoder layer's output, for DETR's auxiliary losses.
 
-The set loss and the matching are in :mod:`lecture_pkg.detection`.
+The set loss, the matching, the AP metric and the shipped checkpoint are in
+:mod:`lecture_pkg.detection`.
 
 Shapes: images (batch, channels, size, size); logits (batch, queries, classes + 1);
 boxes (batch, queries, 4).
@@ -24,21 +25,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
 from lecture_pkg.checks import check_int
-from lecture_pkg.detection import average_precision, detr_loss
 from lecture_pkg.layers import DecoderLayer, EncoderLayer
 from lecture_pkg.models.vit import check_pixels
-from lecture_pkg.shipped import shipped_info, shipped_state
 
-__all__ = ["DETR", "DETRConfig", "DETROutput", "Backbone", "detection_ap", "load_shapes_detr",
-           "set_loss", "sine_positions_2d"]
-
-CHECKPOINT = "detr_shapes"  # written by scripts/train_detr.py
+__all__ = ["DETR", "DETRConfig", "DETROutput", "Backbone", "sine_positions_2d"]
 
 Positions = Literal["sine", "learned", "none"]
 
@@ -207,39 +203,3 @@ class DETR(nn.Module):
         probs = out.logits.softmax(-1)[..., :-1]
         scores, classes = probs.max(-1)
         return out.boxes, scores, classes
-
-
-def set_loss(output: DETROutput, target_classes: list[Tensor], target_boxes: list[Tensor],
-             eos_coef: float = 0.1) -> Tensor:
-    """DETR's training loss: :func:`lecture_pkg.detection.detr_loss` on the last decoder
-    layer's predictions plus, each matched on its own, on every earlier layer's (auxiliary
-    losses)."""
-    total = output.logits.new_zeros(())
-    for logits, boxes in [*output.aux, (output.logits, output.boxes)]:
-        total = total + detr_loss(logits, boxes, target_classes, target_boxes,
-                                  eos_coef=eos_coef)["loss"]
-    return total
-
-
-@torch.no_grad()
-def detection_ap(model: DETR, images: Tensor, target_boxes: list[Tensor],
-                 target_classes: list[Tensor], iou_threshold: float = 0.5,
-                 batch_size: int = 256) -> dict[str, float]:
-    """Box AP at ``iou_threshold`` of every query's detection on held-out images (see
-    :func:`lecture_pkg.detection.average_precision`); the model is put in eval mode."""
-    model.eval()
-    parts = [model.predict(images[i:i + batch_size])
-             for i in range(0, len(images), batch_size)]
-    boxes, scores, classes = (torch.cat(p) for p in zip(*parts))
-    return average_precision(list(boxes), list(scores), list(classes), target_boxes,
-                             target_classes, model.config.num_classes, iou_threshold)
-
-
-def load_shapes_detr() -> tuple[DETR, dict[str, Any]]:
-    """The DETR trained longer on :func:`lecture_pkg.detection.synthetic_shapes` by
-    ``scripts/train_detr.py`` (eval mode, CPU) and the JSON stored beside it: ``config``, the
-    training settings and data seeds, ``seconds`` and ``heldout_ap50``."""
-    info = shipped_info(CHECKPOINT)
-    model = DETR(DETRConfig(**info["config"]))
-    model.load_state_dict(shipped_state(CHECKPOINT))
-    return model.eval(), info

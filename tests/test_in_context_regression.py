@@ -1,4 +1,4 @@
-"""lecture_pkg.in_context: the baselines against NumPy/float64 loops, the model's causality."""
+"""lecture_pkg.in_context_regression: the baselines against NumPy/float64 loops, the model's causality."""
 
 from __future__ import annotations
 
@@ -10,20 +10,22 @@ import numpy as np
 import pytest
 import torch
 
+from lecture_pkg.char_tokenizers import CharTokenizer
 from lecture_pkg.data import shakespeare
-from lecture_pkg.in_context import (
-    SPELLINGS,
+from lecture_pkg.in_context_regression import (
     ICLTransformer,
-    demonstration_text,
-    demonstration_windows,
     linear_tasks,
     lipschitz_tasks,
     prefix_least_squares,
     prefix_nadaraya_watson,
+)
+from lecture_pkg.shakespeare_tasks import (
+    SPELLINGS,
+    demonstration_text,
+    demonstration_windows,
     spelling_accuracy,
     spelling_words,
 )
-from lecture_pkg.pretrained import CharTokenizer
 
 
 def test_prefix_least_squares_equals_numpy_lstsq():
@@ -99,7 +101,7 @@ def test_icl_rejects_bad_input():
 
 
 def test_answer_logprob_equals_one_pair_at_a_time():
-    from lecture_pkg.in_context import answer_logprob
+    from lecture_pkg.lm_eval import answer_logprob
     from lecture_pkg.models.gpt import GPT, GPTConfig
 
     torch.manual_seed(0)

@@ -1,10 +1,11 @@
-"""Masked language modelling on the Shakespeare corpus, one character per token: the
-vocabulary, RoBERTa-style batches (contiguous windows, a fresh mask every step), the count rules
-a masked LM has to beat, and the book's small pretrained BERT.
+"""The book's character-level BERT, pretrained by masked language modelling on the Shakespeare
+corpus: RoBERTa-style batches (contiguous windows, a fresh mask every step), the count rules a
+masked LM has to beat, and the shipped checkpoint. Its vocabulary is
+:class:`lecture_pkg.char_tokenizers.MLMChars`.
 
 ::
 
-    from lecture_pkg.shakespeare_mlm import load_shakespeare_bert
+    from lecture_pkg.shakespeare_bert import load_shakespeare_bert
     model, vocab = load_shakespeare_bert()      # BertForPreTraining (eval mode), MLMChars
     inputs, labels = held_out_batch(vocab.encode(shakespeare("test")), windows=64, length=64)
     accuracy = masked_accuracy(mlm_predict(model, inputs), labels)
@@ -14,69 +15,23 @@ a masked LM has to beat, and the book's small pretrained BERT.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lecture_pkg.char_tokenizers import MASK, PAD, MLMChars
 from lecture_pkg.checks import check_int
 from lecture_pkg.masks import IGNORE_INDEX, mlm_mask
 from lecture_pkg.models.bert import BertConfig, BertForPreTraining
-from lecture_pkg.shipped import shipped_info, shipped_state
+from lecture_pkg.shipped import Shipped, shipped_info, shipped_state
 
-__all__ = ["CHECKPOINT", "MASK", "PAD", "SPECIALS", "UNK", "CountRules", "MLMChars",
-           "held_out_batch", "load_shakespeare_bert", "masked_accuracy", "mlm_predict",
-           "normalise", "random_batch", "shakespeare_bert_info"]
+__all__ = ["CHECKPOINT", "CountRules", "held_out_batch", "load_shakespeare_bert",
+           "masked_accuracy", "mlm_predict", "random_batch", "shakespeare_bert_info"]
 
-SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
-PAD, UNK, CLS, SEP, MASK = range(len(SPECIALS))
 CHECKPOINT = "shakespeare_bert"
 HELD_OUT_SEED = 1234  # the one fixed corruption of the held-out windows
-
-
-def normalise(text: str) -> str:
-    """Lower-cased, with every run of blank lines collapsed into one line break."""
-    return re.sub(r"\n\s*\n+", "\n", text.lower())
-
-
-class MLMChars:
-    """The special tokens, then one id per character. ``encode`` normalises the text (see
-    :func:`normalise`) and maps characters outside the vocabulary to ``[UNK]``."""
-
-    def __init__(self, chars: Iterable[str]) -> None:
-        chars = list(chars)
-        if any(not isinstance(c, str) or len(c) != 1 for c in chars):
-            raise ValueError("chars must be single characters")
-        if len(set(chars)) != len(chars):
-            raise ValueError("chars must not repeat")
-        self.chars = chars
-        self.itos = list(SPECIALS) + chars
-        self.stoi = {c: i for i, c in enumerate(self.itos) if i >= len(SPECIALS)}
-
-    @classmethod
-    def from_text(cls, text: str) -> MLMChars:
-        """The sorted characters of the normalised ``text``."""
-        return cls(sorted(set(normalise(text))))
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.itos)
-
-    def encode(self, text: str) -> Tensor:
-        """(n,) int64 ids of the normalised text."""
-        if not isinstance(text, str):
-            raise TypeError(f"text must be a str, got {type(text).__name__}")
-        return torch.tensor([self.stoi.get(c, UNK) for c in normalise(text)], dtype=torch.long)
-
-    def decode(self, ids: Iterable[int]) -> str:
-        """Characters as themselves, special tokens by name."""
-        ids = [int(i) for i in ids]
-        if any(not 0 <= i < self.vocab_size for i in ids):
-            raise ValueError(f"ids must be in [0, {self.vocab_size})")
-        return "".join(self.itos[i] for i in ids)
 
 
 def _check_stream(ids: Tensor, length: int) -> None:
@@ -203,11 +158,11 @@ def shakespeare_bert_info() -> dict[str, Any]:
     return shipped_info(CHECKPOINT)
 
 
-def load_shakespeare_bert(device: torch.device | str | None = None
-                          ) -> tuple[BertForPreTraining, MLMChars]:
-    """The book's character-level BERT (float32, eval mode, on ``device``; default CPU) and its
-    vocabulary. The weights are stored in float16 and read with safetensors."""
+def load_shakespeare_bert(device: torch.device | str | None = None) -> Shipped:
+    """The book's character-level BERT (a ``BertForPreTraining``: float32, eval mode, on
+    ``device``; default CPU) and its vocabulary (:class:`MLMChars`). The weights are stored in
+    float16 and read with safetensors."""
     info = shakespeare_bert_info()
     model = BertForPreTraining(BertConfig(**info["config"]), device=device)
     model.load_state_dict(shipped_state(CHECKPOINT))
-    return model.eval(), MLMChars(info["chars"])
+    return Shipped(model.eval(), MLMChars(info["chars"]))

@@ -1,5 +1,5 @@
-"""lecture_pkg.shakespeare_mlm: the character vocabulary, RoBERTa-style batches, the count rules
-(against a plain-Python reference) and the shipped checkpoint's recorded held-out figure."""
+"""lecture_pkg.shakespeare_bert and its vocabulary (char_tokenizers.MLMChars): RoBERTa-style
+batches, the count rules (against a plain-Python reference) and the shipped checkpoint's recorded held-out figure."""
 
 from __future__ import annotations
 
@@ -8,19 +8,15 @@ from collections import Counter
 import pytest
 import torch
 
+from lecture_pkg.char_tokenizers import MASK, SPECIALS, UNK, MLMChars, normalise
 from lecture_pkg.data import shakespeare
 from lecture_pkg.masks import IGNORE_INDEX
-from lecture_pkg.shakespeare_mlm import (
-    MASK,
-    SPECIALS,
-    UNK,
+from lecture_pkg.shakespeare_bert import (
     CountRules,
-    MLMChars,
     held_out_batch,
     load_shakespeare_bert,
     masked_accuracy,
     mlm_predict,
-    normalise,
     random_batch,
     shakespeare_bert_info,
 )

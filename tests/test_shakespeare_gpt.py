@@ -6,19 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lecture_pkg.char_tokenizers import SPECIAL_TOKENS, CharTokenizer
 from lecture_pkg.data import shakespeare, shakespeare_works
-from lecture_pkg.in_context import SPELLINGS, spelling_accuracy, spelling_words
+from lecture_pkg.lm_eval import eval_starts, nats_per_char
 from lecture_pkg.models.gpt import GPT
-from lecture_pkg.pretrained import (
-    DEMOS_CHECKPOINT,
-    FORMATS_CHECKPOINT,
-    SPECIAL_TOKENS,
-    CharTokenizer,
-    eval_starts,
-    load_shakespeare_gpt,
-    nats_per_char,
-    shakespeare_gpt_info,
-)
+from lecture_pkg.shakespeare_gpt import DEMOS_CHECKPOINT, FORMATS_CHECKPOINT, load_shakespeare_gpt, shakespeare_gpt_info
+from lecture_pkg.shakespeare_tasks import SPELLINGS, spelling_accuracy, spelling_words
 
 
 def test_tokenizer_vocabulary_round_trip_and_special_tokens() -> None:

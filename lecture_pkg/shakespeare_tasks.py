@@ -1,0 +1,234 @@
+"""The tasks of chapter 10, built offline from the Shakespeare corpus
+(:func:`lecture_pkg.data.shakespeare`), with their data and their scores.
+
+* **Which spelling** (10.1, in-context learning): a prompt of ``word: answer`` lines whose
+  answers are the words lower-cased, upper-cased or title-cased (:data:`SPELLINGS`), then a
+  query word; only the demonstrations say which spelling is wanted. :func:`spelling_words` gives
+  the words (held-out ones never occur in the training works), :func:`demonstration_text` the
+  lines, :func:`demonstration_windows` such lists as pretraining text (the few-shot GPTs of
+  :mod:`lecture_pkg.shakespeare_gpt`), and :func:`spelling_accuracy` scores a model, the way
+  GPT-3 (Brown et al. 2020) scored multiple-choice tasks in the zero-, one- and few-shot
+  settings (:func:`lecture_pkg.lm_eval.answer_logprob`).
+* **A small instruction set with checkable answers** (10.2, instruction tuning):
+  :func:`make_instructions` over any text, :func:`shakespeare_instructions` over one split of
+  the corpus (upper-case a word, reverse it, count the words of a line), so held-out
+  instructions come from held-out plays; :func:`exact_match` scores answers.
+* **Preferences from a known rule** (10.2, 10.3: reward model, DPO):
+  :func:`make_preference_pairs` prefers the correct answer to a plausible wrong one
+  (:func:`wrong_answer`: the word unchanged, the other task's answer, one letter off, a count
+  off by one).
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import re
+import string
+from collections import defaultdict
+from collections.abc import Callable, Collection, Sequence
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from lecture_pkg.char_tokenizers import CharTokenizer
+from lecture_pkg.checks import check_int
+from lecture_pkg.data import shakespeare
+from lecture_pkg.lm_eval import answer_logprob
+
+__all__ = ["INSTRUCTION_TASKS", "SPELLINGS", "Instruction", "demonstration_text",
+           "demonstration_windows", "exact_match", "make_instructions", "make_preference_pairs",
+           "shakespeare_instructions", "spelling_accuracy", "spelling_words", "wrong_answer"]
+
+# --- which spelling: few-shot prompts (10.1) -------------------------------------------------
+
+SPELLINGS: dict[str, Callable[[str], str]] = {"lower": str.lower, "upper": str.upper,
+                                              "title": str.title}
+
+
+def spelling_words(split: str) -> list[str]:
+    """Lower-case words of the Shakespeare corpus, sorted: for ``"train"`` every word of 3 to 9
+    letters in the training works (the demonstrations of pretraining); for ``"test"`` the words
+    of 4 to 7 letters in the test works that never occur in the training works (the prompts'
+    queries and demonstrations, so nothing asked was seen in pretraining)."""
+    if split == "train":
+        return sorted(set(re.findall(r"\b[a-z]{3,9}\b", shakespeare("train"))))
+    if split == "test":
+        seen = set(re.findall(r"\b[a-z]+\b", shakespeare("train").lower()))
+        return sorted(set(re.findall(r"\b[a-z]{4,7}\b", shakespeare("test"))) - seen)
+    raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+
+
+def _check_spelling(spelling: str) -> Callable[[str], str]:
+    if spelling not in SPELLINGS:
+        raise ValueError(f"spelling must be one of {list(SPELLINGS)}, got {spelling!r}")
+    return SPELLINGS[spelling]
+
+
+def demonstration_text(words: Sequence[str], spelling: str, separator: str = ": ") -> str:
+    """One ``word: answer`` line per word, the answer being the word in ``spelling`` (a key of
+    :data:`SPELLINGS`): ``demonstration_text(["king"], "upper") == "king: KING\\n"``.
+    ``separator`` replaces the ``": "`` between word and answer."""
+    spell = _check_spelling(spelling)
+    if not isinstance(separator, str) or not separator or "\n" in separator:
+        raise ValueError(f"separator must be a non-empty string without a newline, got "
+                         f"{separator!r}")
+    return "".join(f"{word}{separator}{spell(word)}\n" for word in words)
+
+
+def demonstration_windows(words: Sequence[str], encode: Callable[[str], list[int]],
+                          count: int, length: int, rng: random.Random,
+                          separators: Sequence[str] = (": ",)) -> Tensor:
+    """(count, length) token ids of demonstration lists to mix into pretraining batches.
+    Each row draws one spelling at random (and one of ``separators``, when there are several)
+    and is ``word: answer`` lines of random ``words`` in it, from the row's first character,
+    cut at ``length`` characters. The task is never named: a model can only tell it from the
+    lines before."""
+    check_int("count", count, minimum=1)
+    check_int("length", length, minimum=1)
+    if not words:
+        raise ValueError("words must not be empty")
+    if not separators:
+        raise ValueError("separators must not be empty")
+    rows = []
+    for _ in range(count):
+        spelling, text = rng.choice(list(SPELLINGS)), ""
+        # one separator draws nothing, so such runs replay the single-format recipe exactly
+        separator = rng.choice(list(separators)) if len(separators) > 1 else separators[0]
+        while len(text) < length:
+            text += demonstration_text(rng.choices(words, k=8), spelling, separator)
+        rows.append(encode(text[:length]))
+    return torch.tensor(rows)
+
+
+def spelling_accuracy(model: nn.Module, tokenizer: CharTokenizer, words: Sequence[str],
+                      spelling: str, shots: int, seed: int, n: int,
+                      separator: str = ": ") -> float:
+    """Few-shot accuracy on *which spelling*: for each of ``n`` query words (drawn from
+    ``words`` with ``random.Random(seed)``), the prompt is ``shots`` demonstration lines of
+    other words in ``spelling`` and then ``"query: "``; each spelling of the query in
+    :data:`SPELLINGS` (with its newline) is scored by :func:`answer_logprob`, and the query
+    counts as right when ``spelling`` scores highest. Chance is 1 / len(SPELLINGS).
+    ``separator`` replaces ``": "`` in the demonstrations and after the query.
+    """
+    _check_spelling(spelling)
+    check_int("shots", shots)
+    check_int("n", n, minimum=1)
+    if len(words) < n + shots:
+        raise ValueError(f"words must hold at least n + shots = {n + shots} words, got "
+                         f"{len(words)}")
+    rng = random.Random(seed)
+    prompts, answers = [], []
+    for query in rng.sample(list(words), n):
+        demos = rng.sample([w for w in words if w != query], shots)
+        prompt = tokenizer.encode(demonstration_text(demos, spelling, separator)
+                                  + query + separator)
+        for spell in SPELLINGS.values():
+            prompts.append(prompt)
+            answers.append(tokenizer.encode(spell(query) + "\n"))
+    scores = answer_logprob(model, prompts, answers, tokenizer.pad_id).view(n, len(SPELLINGS))
+    return (scores.argmax(-1) == list(SPELLINGS).index(spelling)).float().mean().item()
+
+
+# --- instructions and preferences (10.2, 10.3) -----------------------------------------------
+
+INSTRUCTION_TASKS = ("upper", "reverse", "count")
+
+
+class Instruction(NamedTuple):
+    """One instruction: its task, the prompt the user writes and the one correct answer."""
+
+    task: str
+    prompt: str
+    answer: str
+
+
+def make_instructions(text: str, n: int, seed: int = 0,
+                      tasks: Sequence[str] = INSTRUCTION_TASKS,
+                      exclude_words: Collection[str] = ()) -> list[Instruction]:
+    """``n`` instructions drawn from ``text``, the tasks in turn:
+
+    - ``"upper: night"`` -> ``"NIGHT"`` and ``"reverse: night"`` -> ``"thgin"``, on lower-case
+      words of 3 to 7 letters (``exclude_words`` left out, e.g. the training words);
+    - ``"count: Which is a wonder"`` -> ``"4"``, on lines of 1 to 9 words and at most 40
+      characters.
+
+    Deterministic given ``seed``.
+    """
+    check_int("n", n, minimum=1)
+    unknown = [t for t in tasks if t not in INSTRUCTION_TASKS]
+    if unknown or not tasks:
+        raise ValueError(f"tasks must be a non-empty subset of {INSTRUCTION_TASKS}, got {tasks}")
+    excluded = set(exclude_words)
+    words = sorted({w for w in re.findall(r"\b[a-z]+\b", text)
+                    if 3 <= len(w) <= 7 and w not in excluded})
+    lines = sorted({line.strip() for line in text.split("\n")
+                    if 0 < len(line.strip()) <= 40 and len(line.split()) <= 9})
+    if not words or not lines:
+        raise ValueError("text must hold lower-case words of 3 to 7 letters and short lines")
+    rng = random.Random(seed)
+    examples = []
+    for i in range(n):
+        task = tasks[i % len(tasks)]
+        if task == "count":
+            line = rng.choice(lines)
+            examples.append(Instruction(task, f"count: {line}", str(len(line.split()))))
+        else:
+            word = rng.choice(words)
+            answer = word.upper() if task == "upper" else word[::-1]
+            examples.append(Instruction(task, f"{task}: {word}", answer))
+    return examples
+
+
+@functools.cache
+def _training_words() -> frozenset[str]:
+    return frozenset(re.findall(r"\b[a-z]+\b", shakespeare("train")))
+
+
+def shakespeare_instructions(split: str, n: int, seed: int = 0,
+                             tasks: Sequence[str] = INSTRUCTION_TASKS) -> list[Instruction]:
+    """:func:`make_instructions` over the works of one split of
+    :func:`lecture_pkg.data.shakespeare`. Outside ``"train"`` the words of the training works
+    are left out, so a held-out instruction's word was never seen in training."""
+    exclude = _training_words() if split != "train" else frozenset()
+    return make_instructions(shakespeare(split), n, seed, tasks, exclude_words=exclude)
+
+
+def exact_match(predictions: Sequence[str], items: Sequence[Instruction]) -> dict[str, float]:
+    """Exact-match accuracy per task, {task: share of items whose prediction is the answer}."""
+    if len(predictions) != len(items):
+        raise ValueError(f"predictions has {len(predictions)} entries but items {len(items)}")
+    by_task: dict[str, list[bool]] = defaultdict(list)
+    for prediction, item in zip(predictions, items):
+        by_task[item.task].append(prediction == item.answer)
+    return {task: sum(hits) / len(hits) for task, hits in by_task.items()}
+
+
+def _argument(item: Instruction) -> str:
+    return item.prompt.split(": ", 1)[1]
+
+
+def wrong_answer(item: Instruction, rng: random.Random) -> str:
+    """A plausible wrong answer to ``item``, drawn with ``rng``: for a word, the word unchanged,
+    the other task's answer, one letter replaced, or one letter dropped or doubled at the end;
+    for a count, the count plus or minus one."""
+    if item.task == "count":
+        n = int(item.answer)
+        return str(n + 1 if n <= 1 or rng.random() < 0.5 else n - 1)
+    word = _argument(item)
+    letters = string.ascii_uppercase if item.task == "upper" else string.ascii_lowercase
+    i = rng.randrange(len(item.answer))
+    replaced = item.answer[:i] + rng.choice(letters.replace(item.answer[i], "")) \
+        + item.answer[i + 1:]
+    options = [word, word[::-1] if item.task == "upper" else word.upper(), replaced,
+               item.answer[:-1], item.answer + item.answer[-1]]
+    return rng.choice([o for o in options if o != item.answer])
+
+
+def make_preference_pairs(items: Sequence[Instruction], seed: int = 0
+                          ) -> list[tuple[str, str, str]]:
+    """(prompt, chosen, rejected) for every item, by a known rule: the correct answer is
+    preferred to a wrong one (:func:`wrong_answer`). Deterministic given ``seed``."""
+    rng = random.Random(seed)
+    return [(it.prompt, it.answer, wrong_answer(it, rng)) for it in items]
