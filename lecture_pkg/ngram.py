@@ -274,7 +274,7 @@ class ModifiedKneserNey(KneserNey):
 
         Y = n1 / (n1 + 2 n2), D1 = 1 - 2Y n2/n1, D2 = 2 - 3Y n3/n2, D3+ = 3 - 4Y n4/n3.
 
-    Where the estimate is undefined (some n_k = 0) or out of range, that order falls back to
+    Where the estimate is undefined (n1, n2 or n3 is 0) or out of range, that order falls back to
     (0.5, 1, 1.5), KenLM's ``--discount_fallback`` default. ``self.discounts`` holds the triple
     of each order, lowest first.
     """
@@ -295,12 +295,13 @@ class ModifiedKneserNey(KneserNey):
         self.discounts = [self.discount or _estimate(table.counts) for table in self.tables]
         # gamma_m(h) of every context h of each table, aligned with table.contexts
         self.gammas = []
-        for table, d in zip(self.tables, self.discounts):
-            removed = np.asarray((0.0, *d))[np.minimum(table.counts, 3)]
+        for m, table in enumerate(self.tables, start=1):
+            removed = self._removed(m, table.counts)
             starts = np.cumsum(table.types) - table.types
             self.gammas.append(np.add.reduceat(removed, starts) if len(removed) else removed)
 
     def _removed(self, m: int, count: np.ndarray) -> np.ndarray:
+        """D(c) of order m for each count c: 0, D1, D2 or D3+."""
         return np.asarray((0.0, *self.discounts[m - 1]))[np.minimum(count, 3)]
 
     def _handed_down(self, m: int, h: np.ndarray, types: np.ndarray) -> np.ndarray:
