@@ -12,24 +12,31 @@
   and P_0 = 1 / V (uniform), so every token of the vocabulary keeps some probability. A context
   never seen (C_m(h) = 0) falls back to P_{m-1}. D_m defaults to Ney's n1 / (n1 + 2 n2) from
   the count-of-counts of that order (1/2 when that order has no singletons).
+- :class:`ModifiedKneserNey`: the same with three discounts per order, for n-grams seen once,
+  twice and three or more times (Chen & Goodman 1998), the strongest of the count models.
+- :func:`tune_order`: the order picked on validation data, with every order's score.
 
 Everything is vectorised with numpy: an n-gram is an integer code (the newest token least
 significant, base V), counts are sorted unique codes, and a lookup is a ``searchsorted``.
 
 Usage: ``lm = KneserNey(5).fit(train_ids, vocab_size)``; ``lm.nats_per_token(ids, positions)``
 is the mean of -ln P(ids[i] | ids[i-n+1 : i]) over the positions (each predicted from the
-tokens before it in ``ids``); ``lm.distribution(context)`` is the (V,) next-token distribution.
+tokens before it in ``ids``); ``lm.window_losses(ids, starts, length)`` scores windows as a GPT
+does, each token from the tokens before it *in its window* only; ``lm.distribution(context)`` is
+the (V,) next-token distribution.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from lecture_pkg.checks import check_int
 
-__all__ = ["AddK", "KneserNey", "NGramLM", "window_positions"]
+__all__ = ["AddK", "KneserNey", "ModifiedKneserNey", "NGramLM", "OrderSearch", "tune_order",
+           "window_positions"]
 
 
 def window_positions(starts: Sequence[int], length: int) -> np.ndarray:
@@ -76,6 +83,8 @@ class NGramLM:
         check_int("vocab_size", vocab_size, minimum=1)
         if float(vocab_size) ** self.order >= 2.0 ** 62:
             raise ValueError(f"vocab_size ** order = {vocab_size}**{self.order} overflows int64")
+        if not np.size(ids):
+            raise ValueError("ids must not be empty: there is nothing to count")
         ids = self._check_ids(ids, vocab_size)
         self.vocab_size = vocab_size
         self.raw = [self._unique(self._codes(ids, m)) for m in range(1, self.order + 1)]
@@ -96,8 +105,8 @@ class NGramLM:
 
     def _codes(self, ids: np.ndarray, m: int) -> np.ndarray:
         """Codes of every m-gram of ids (newest token least significant)."""
-        n = len(ids) - m + 1
-        code = np.zeros(max(n, 0), dtype=np.int64)
+        n = max(len(ids) - m + 1, 0)  # none when the text is shorter than m
+        code = np.zeros(n, dtype=np.int64)
         for j in range(m):  # token at offset j inside the m-gram, oldest first
             code = code * self.vocab_size + ids[j:j + n]
         return code
@@ -145,6 +154,26 @@ class NGramLM:
                        ) -> float:
         """Mean negative log-likelihood (nats) of the tokens at ``positions``."""
         return float(-self.log_probs(ids, positions).mean())
+
+    def window_losses(self, ids: Sequence[int] | np.ndarray, starts: Sequence[int],
+                      length: int) -> np.ndarray:
+        """-ln P of every token of the windows ``ids[s : s + length]``, scored as a GPT scores
+        them: the context is cut at the window's start, so position 0 gets the lowest order's
+        prediction (no context) and position t at most t tokens. Returns (len(starts), length)
+        nats; ``[:, 1:]`` are the positions a GPT predicts from its window."""
+        if not self.vocab_size:
+            raise RuntimeError("call fit first")
+        ids = self._check_ids(ids, self.vocab_size)
+        check_int("length", length, minimum=1)
+        starts = np.asarray(starts, dtype=np.int64)
+        if starts.ndim != 1 or (len(starts) and (starts.min() < 0
+                                                 or starts.max() + length > len(ids))):
+            raise ValueError(f"starts must be a 1-D sequence in [0, {len(ids) - length}] "
+                             f"(windows of length {length} inside {len(ids)} ids)")
+        offsets = np.tile(np.arange(length), len(starts))
+        positions = np.repeat(starts, length) + offsets
+        contexts, valid = self._queries(ids, positions, history=offsets)
+        return -np.log(self._probs(contexts, valid, ids[positions])).reshape(-1, length)
 
     def distribution(self, context: Sequence[int]) -> np.ndarray:
         """The (V,) float64 distribution of the token after ``context`` (its last order - 1
@@ -210,14 +239,137 @@ class KneserNey(NGramLM):
             ney = n1 / (n1 + 2 * n2) if n1 else 0.5  # no singletons: a fixed 1/2
             self.discounts.append(self.discount if self.discount is not None else float(ney))
 
+    def _removed(self, m: int, count: np.ndarray) -> np.ndarray:
+        """The mass taken from each count c of order m: min(c, D_m)."""
+        return np.minimum(count, self.discounts[m - 1])
+
+    def _handed_down(self, m: int, h: np.ndarray, types: np.ndarray) -> np.ndarray:
+        """The mass context h of order m hands to order m - 1: D_m T_m(h)."""
+        return self.discounts[m - 1] * types
+
     def _probs(self, contexts: list[np.ndarray], valid: list[np.ndarray],
                words: np.ndarray) -> np.ndarray:
         probs = np.full(len(words), 1.0 / self.vocab_size)
         for m in range(1, self.order + 1):
-            table, h, d = self.tables[m - 1], contexts[m - 1], self.discounts[m - 1]
+            table, h = self.tables[m - 1], contexts[m - 1]
             total, types = table.context(h)
             count = table.count(h * self.vocab_size + words)
             seen = valid[m - 1] & (total > 0)
-            mixed = (np.maximum(count - d, 0) + d * types * probs) / np.maximum(total, 1)
+            mixed = (count - self._removed(m, count) + self._handed_down(m, h, types) * probs
+                     ) / np.maximum(total, 1)
             probs = np.where(seen, mixed, probs)
         return probs
+
+
+class ModifiedKneserNey(KneserNey):
+    """Interpolated modified Kneser-Ney (Chen & Goodman 1998): KneserNey with three discounts per
+    order, D1 for n-grams seen once, D2 twice, D3+ three times or more:
+
+        P_m(w | h) = [c_m(h w) - D(c_m(h w)) + gamma_m(h) P_{m-1}(w | h')] / C_m(h),
+        gamma_m(h) = D1 N1(h) + D2 N2(h) + D3+ N3+(h),
+
+    N_k(h) = #{w : c_m(h w) = k} (N3+: >= 3), D(0) = 0, counts and the rest as in KneserNey.
+    ``discounts``: one (D1, D2, D3+) for every order, each 0 < D_k <= k, or None for the
+    estimate from that order's count-of-counts n1..n4:
+
+        Y = n1 / (n1 + 2 n2), D1 = 1 - 2Y n2/n1, D2 = 2 - 3Y n3/n2, D3+ = 3 - 4Y n4/n3.
+
+    Where the estimate is undefined (n1, n2 or n3 is 0) or out of range, that order falls back to
+    (0.5, 1, 1.5), KenLM's ``--discount_fallback`` default. ``self.discounts`` holds the triple
+    of each order, lowest first.
+    """
+
+    FALLBACK = (0.5, 1.0, 1.5)
+
+    def __init__(self, order: int, discounts: Sequence[float] | None = None) -> None:
+        NGramLM.__init__(self, order)
+        if discounts is not None:
+            discounts = tuple(float(d) for d in discounts)
+            if len(discounts) != 3 or not _in_range(discounts):
+                raise ValueError("discounts must be (D1, D2, D3+) with 0 < D_k <= k, "
+                                 f"got {discounts}")
+        self.discount = discounts
+
+    def _build(self) -> None:
+        super()._build()
+        self.discounts = [self.discount or _estimate(table.counts) for table in self.tables]
+        # gamma_m(h) of every context h of each table, aligned with table.contexts
+        self.gammas = []
+        for m, table in enumerate(self.tables, start=1):
+            removed = self._removed(m, table.counts)
+            starts = np.cumsum(table.types) - table.types
+            self.gammas.append(np.add.reduceat(removed, starts) if len(removed) else removed)
+
+    def _removed(self, m: int, count: np.ndarray) -> np.ndarray:
+        """D(c) of order m for each count c: 0, D1, D2 or D3+."""
+        return np.asarray((0.0, *self.discounts[m - 1]))[np.minimum(count, 3)]
+
+    def _handed_down(self, m: int, h: np.ndarray, types: np.ndarray) -> np.ndarray:
+        table = self.tables[m - 1]
+        return _Counts._lookup(table.contexts, self.gammas[m - 1], h)
+
+
+def _in_range(discounts: tuple[float, ...]) -> bool:
+    """0 < D_k <= k for each k: every count keeps a non-negative share, every seen context
+    hands some mass down."""
+    return all(0 < d <= k for k, d in enumerate(discounts, start=1))
+
+
+def _estimate(counts: np.ndarray) -> tuple[float, float, float]:
+    """Chen & Goodman's (D1, D2, D3+) from the count-of-counts n1..n4 of one order, or
+    ModifiedKneserNey.FALLBACK where that is undefined or out of range."""
+    n1, n2, n3, n4 = (float(np.sum(counts == k)) for k in (1, 2, 3, 4))
+    if not (n1 and n2 and n3):
+        return ModifiedKneserNey.FALLBACK
+    y = n1 / (n1 + 2 * n2)
+    discounts = (1 - 2 * y * n2 / n1, 2 - 3 * y * n3 / n2, 3 - 4 * y * n4 / n3)
+    return discounts if _in_range(discounts) else ModifiedKneserNey.FALLBACK
+
+
+@dataclass
+class OrderSearch:
+    """The result of :func:`tune_order`: ``scores`` maps each order tried to its validation
+    nats per token; ``model`` is the model of ``best_order``, fitted on the training ids."""
+
+    best_order: int
+    scores: dict[int, float]
+    model: NGramLM
+
+
+def tune_order(make: Callable[[int], NGramLM], train: Sequence[int] | np.ndarray,
+               validation: Sequence[int] | np.ndarray, vocab_size: int,
+               orders: Iterable[int] = range(1, 11), window: int | None = None) -> OrderSearch:
+    """Fit ``make(order)`` on ``train`` for each of ``orders`` and keep the order with the lowest
+    validation loss (the lowest order on a tie). No test data goes in: evaluate the returned
+    model on the test set once, afterwards.
+
+    ``make``: an order -> unfitted model, e.g. ``ModifiedKneserNey`` or
+    ``lambda n: KneserNey(n, 0.75)``. Scoring: with ``window`` None every validation token
+    after the first, each from the tokens before it; with ``window`` = L, consecutive windows
+    of L validation tokens scored as a GPT scores them (:meth:`NGramLM.window_losses`,
+    positions 1 .. L - 1).
+    """
+    orders = sorted({check_int("orders", order, minimum=1) for order in orders})
+    if not orders:
+        raise ValueError("orders must name at least one order")
+    validation = np.asarray(validation)
+    if window is not None and check_int("window", window, minimum=2) > len(validation):
+        raise ValueError(f"validation has {len(validation)} ids, fewer than one window of "
+                         f"{window}")
+    scores: dict[int, float] = {}
+    best: NGramLM | None = None
+    for order in orders:  # one fitted model at a time: high orders hold many counts
+        model = make(order).fit(train, vocab_size)
+        scores[order] = _validation_loss(model, validation, window)
+        if best is None or scores[order] < scores[best.order]:
+            best = model
+    assert best is not None
+    return OrderSearch(best.order, scores, best)
+
+
+def _validation_loss(model: NGramLM, validation: np.ndarray, window: int | None) -> float:
+    """Nats per token of ``validation`` under ``model``, as :func:`tune_order` scores it."""
+    if window is None:
+        return model.nats_per_token(validation, np.arange(1, len(validation)))
+    starts = np.arange(0, len(validation) - window + 1, window)
+    return float(model.window_losses(validation, starts, window)[:, 1:].mean())

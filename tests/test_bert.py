@@ -12,10 +12,15 @@ from lecture_pkg.masks import IGNORE_INDEX
 from lecture_pkg.models.bert import (
     BertConfig,
     BertForPreTraining,
+    BertForQuestionAnswering,
     BertForSequenceClassification,
+    BertForTokenClassification,
     BertModel,
+    best_span,
     mean_pool,
     pretraining_loss,
+    span_loss,
+    token_classification_loss,
 )
 
 transformers = pytest.importorskip("transformers")
@@ -137,17 +142,119 @@ def test_sequence_classification_matches_hf() -> None:
     (BertModel, "last_hidden_state", "last_hidden_state"),
     (BertForPreTraining, "mlm_logits", "prediction_logits"),
     (BertForSequenceClassification, "logits", "logits"),
+    (BertForQuestionAnswering, "end_logits", "end_logits"),
+    (BertForTokenClassification, "logits", "logits"),
 ])
 def test_hf_loads_our_state_dict(ours_cls, ours_field: str, hf_field: str) -> None:
     """The other direction: HF's model built from our weights gives our outputs."""
     torch.manual_seed(3)
-    ours = ours_cls.from_config(hf_config()).eval()
-    hf = getattr(transformers, ours_cls.HF_CLASS)(hf_config()).eval()
+    config = hf_config(num_labels=2 if ours_cls is BertForQuestionAnswering else 5)
+    ours = ours_cls.from_config(config).eval()
+    hf = getattr(transformers, ours_cls.HF_CLASS)(config).eval()
     hf.load_state_dict(ours.hf_state_dict(), strict=True)
     x = inputs()
     with torch.no_grad():
         torch.testing.assert_close(getattr(ours(**x), ours_field), getattr(hf(**x), hf_field),
                                    **TOL)
+
+
+def test_question_answering_matches_hf_logits_and_loss() -> None:
+    hf = hf_model("BertForQuestionAnswering", num_labels=2)
+    ours = BertForQuestionAnswering.from_hf(hf)
+    assert ours.bert.pooler is None
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in hf.parameters())
+    x = inputs()
+    start, end = torch.tensor([3, 0, 13]), torch.tensor([5, 2, 20])  # row 2: cut off, ignored
+    with torch.no_grad():
+        ref = hf(**x, start_positions=start, end_positions=end)
+        out = ours(**x)
+        loss = span_loss(out, start, end)
+    torch.testing.assert_close(out.start_logits, ref.start_logits, **TOL)
+    torch.testing.assert_close(out.end_logits, ref.end_logits, **TOL)
+    assert out.start_logits.shape == out.end_logits.shape == (3, 13)
+    torch.testing.assert_close(loss, ref.loss, **TOL)
+    by_hand = (F.cross_entropy(out.start_logits[:2], start[:2])
+               + F.cross_entropy(out.end_logits[:2], end[:2])) / 2
+    torch.testing.assert_close(loss, by_hand)
+
+
+def test_token_classification_matches_hf_logits_and_loss() -> None:
+    hf = hf_model("BertForTokenClassification")
+    ours = BertForTokenClassification.from_hf(hf)
+    assert ours.bert.pooler is None
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in hf.parameters())
+    x = inputs()
+    labels = torch.randint(0, 5, (3, 13), generator=torch.Generator().manual_seed(2))
+    labels = labels.masked_fill(x["attention_mask"] == 0, IGNORE_INDEX)
+    labels[:, 0] = IGNORE_INDEX  # [CLS]
+    with torch.no_grad():
+        ref = hf(**x, labels=labels)
+        out = ours(**x)
+        loss = token_classification_loss(out, labels)
+    torch.testing.assert_close(out.logits, ref.logits, **TOL)
+    assert out.logits.shape == (3, 13, 5)
+    torch.testing.assert_close(loss, ref.loss, **TOL)
+    # dropout is on in training mode, off in eval mode
+    ours.train()
+    assert not torch.equal(ours(**x).logits, ours(**x).logits)
+
+
+def test_head_argument_checks() -> None:
+    with pytest.raises(ValueError, match="num_labels must be 2"):
+        BertForQuestionAnswering(BertConfig.from_hf(hf_config()))
+    qa = BertForQuestionAnswering(BertConfig.from_hf(hf_config(num_labels=2))).eval()
+    out = qa(**inputs())
+    with pytest.raises(ValueError, match="start_positions must be >= 0"):
+        span_loss(out, torch.tensor([-1, 0, 0]), torch.tensor([0, 0, 0]))
+    with pytest.raises(ValueError, match="end_positions must be integer"):
+        span_loss(out, torch.tensor([0, 0, 0]), torch.tensor([0.0, 0.0, 0.0]))
+    with pytest.raises(ValueError, match="end_positions must be integer indices of shape"):
+        span_loss(out, torch.tensor([0, 0, 0]), torch.tensor([0, 0]))
+    tagger = BertForTokenClassification(BertConfig.from_hf(hf_config())).eval()
+    with pytest.raises(ValueError, match="labels must have shape"):
+        token_classification_loss(tagger(**inputs()), torch.zeros(3, 12, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"no counterpart.*bert\.pooler"):  # no pooler here
+        qa.load_hf_state_dict(hf_model("BertForSequenceClassification", num_labels=2)
+                              .state_dict())
+
+
+def _brute_force_span(start: list[float], end: list[float], max_length: int,
+                      allowed: list[bool]) -> tuple[int, int, float]:
+    candidates = [(start[i] + end[j], i, j) for i in range(len(start)) for j in range(len(end))
+                  if i <= j < i + max_length and allowed[i] and allowed[j]]
+    score, i, j = max(candidates)
+    return i, j, score
+
+
+@pytest.mark.parametrize("max_length", [1, 3, 9, 30])
+@pytest.mark.parametrize("with_allowed", [False, True])
+def test_best_span_equals_brute_force(max_length: int, with_allowed: bool) -> None:
+    g = torch.Generator().manual_seed(max_length)
+    start, end = torch.randn(6, 11, generator=g), torch.randn(6, 11, generator=g)
+    allowed = torch.rand(6, 11, generator=g) < 0.5 if with_allowed else torch.ones(6, 11).bool()
+    allowed[:, 7] = True  # every row keeps a place for an answer
+    i, j, score = best_span(start, end, max_length, allowed if with_allowed else None)
+    assert i.shape == j.shape == score.shape == (6,)
+    for row in range(6):
+        expected = _brute_force_span(start[row].tolist(), end[row].tolist(), max_length,
+                                     allowed[row].tolist())
+        assert (int(i[row]), int(j[row])) == expected[:2]
+        assert float(score[row]) == pytest.approx(expected[2], rel=1e-6)
+    assert ((j >= i) & (j - i < max_length)).all()
+
+
+def test_best_span_argument_checks() -> None:
+    logits = torch.randn(2, 5)
+    with pytest.raises(ValueError, match="start_logits and end_logits"):
+        best_span(logits, torch.randn(2, 4), 3)
+    with pytest.raises(ValueError, match="max_length must be positive"):
+        best_span(logits, logits, 0)
+    with pytest.raises(TypeError, match="start_logits must have a floating dtype"):
+        best_span(logits.long(), logits, 3)
+    with pytest.raises(TypeError, match="allowed must be a bool tensor"):
+        best_span(logits, logits, 3, torch.ones(2, 5))
+    with pytest.raises(ValueError, match="a True in every row"):
+        best_span(logits, logits, 3, torch.tensor([[True] * 5, [False] * 5]))
 
 
 def test_from_config_counts_match_hf_on_meta() -> None:

@@ -12,7 +12,12 @@ transformers = pytest.importorskip("transformers")
 
 
 def tiny_models() -> dict[str, Callable[[], tuple[torch.nn.Module, type]]]:
-    from lecture_pkg.models.bert import BertForPreTraining, BertModel
+    from lecture_pkg.models.bert import (
+        BertForPreTraining,
+        BertForQuestionAnswering,
+        BertForTokenClassification,
+        BertModel,
+    )
     from lecture_pkg.models.gpt import GPT
     from lecture_pkg.models.swin import Swin
     from lecture_pkg.models.t5 import T5
@@ -24,6 +29,11 @@ def tiny_models() -> dict[str, Callable[[], tuple[torch.nn.Module, type]]]:
         "bert": lambda: (transformers.BertModel(transformers.BertConfig(**bert)), BertModel),
         "bert-pretraining": lambda: (
             transformers.BertForPreTraining(transformers.BertConfig(**bert)), BertForPreTraining),
+        "bert-qa": lambda: (transformers.BertForQuestionAnswering(transformers.BertConfig(**bert)),
+                            BertForQuestionAnswering),
+        "bert-tagging": lambda: (
+            transformers.BertForTokenClassification(transformers.BertConfig(**bert)),
+            BertForTokenClassification),
         "gpt2": lambda: (transformers.GPT2LMHeadModel(transformers.GPT2Config(
             vocab_size=40, n_positions=16, n_embd=16, n_layer=2, n_head=2)), GPT),
         "t5": lambda: (transformers.T5ForConditionalGeneration(transformers.T5Config(
@@ -37,7 +47,7 @@ def tiny_models() -> dict[str, Callable[[], tuple[torch.nn.Module, type]]]:
     }
 
 
-MODELS = ["bert", "bert-pretraining", "gpt2", "t5", "vit", "swin"]
+MODELS = ["bert", "bert-pretraining", "bert-qa", "bert-tagging", "gpt2", "t5", "vit", "swin"]
 
 
 def ours_and_state(name: str) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
@@ -87,7 +97,7 @@ def test_gpt_from_a_deeper_checkpoint_is_an_error() -> None:
         small.load_hf_state_dict(hf.state_dict())
 
 
-@pytest.mark.parametrize("name", ["bert", "t5"])
+@pytest.mark.parametrize("name", ["bert", "bert-qa", "bert-tagging", "t5"])
 def test_loaded_weights_are_the_checkpoint_s(name: str) -> None:
     """Every one of our tensors comes from the checkpoint: exporting gives it back unchanged."""
     ours, state = ours_and_state(name)

@@ -9,7 +9,10 @@ What is particular to BERT, and therefore in this file:
 3. :class:`BertModel`: the embeddings, ``num_layers`` :class:`lecture_pkg.layers.EncoderLayer`
    (post-LN, exact GELU) and a tanh pooler on the [CLS] position;
 4. the heads: :class:`BertForPreTraining` (MLM head whose decoder is tied to the word embeddings,
-   plus its own bias; NSP head) and :class:`BertForSequenceClassification`;
+   plus its own bias; NSP head), :class:`BertForSequenceClassification` (one label per text),
+   :class:`BertForQuestionAnswering` (extractive QA: a start and an end score per token, decoded
+   by :func:`best_span`) and :class:`BertForTokenClassification` (one label per token: tagging,
+   named entities);
 5. the names of the weights in Hugging Face's implementation, so that ``from_hf`` loads theirs
    and ``hf_state_dict`` exports ours.
 
@@ -27,12 +30,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lecture_pkg.checks import check_bool_mask, check_float_tensor, check_int
 from lecture_pkg.layers import ACTIVATIONS, EncoderLayer
 from lecture_pkg.masks import IGNORE_INDEX
 from lecture_pkg.models.common import HFInterop, check_hf_class, check_padding_mask, check_token_ids
 
-__all__ = ["BertConfig", "BertForPreTraining", "BertForSequenceClassification", "BertModel",
-           "BertOutput", "mean_pool", "pretraining_loss"]
+__all__ = ["BertConfig", "BertForPreTraining", "BertForQuestionAnswering",
+           "BertForSequenceClassification", "BertForTokenClassification", "BertModel",
+           "BertOutput", "best_span", "mean_pool", "pretraining_loss", "span_loss",
+           "token_classification_loss"]
 
 # HF's hidden_act names -> ours (lecture_pkg.layers.ACTIVATIONS)
 _HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
@@ -102,12 +108,12 @@ def init_bert_weights(module: nn.Module) -> None:
 
 @dataclass
 class BertOutput:
-    """last_hidden_state: (batch, t, hidden); pooler_output: (batch, hidden);
+    """last_hidden_state: (batch, t, hidden); pooler_output: (batch, hidden), None without a pooler;
     hidden_states: the embeddings' output then every layer's, each (batch, t, hidden);
     attentions: every layer's weights (batch, heads, t, t) when asked for, else None."""
 
     last_hidden_state: Tensor
-    pooler_output: Tensor
+    pooler_output: Tensor | None
     hidden_states: tuple[Tensor, ...]
     attentions: tuple[Tensor, ...] | None = None
 
@@ -128,6 +134,7 @@ _ENCODER_NAMES = [
     ("layers.{i}.ffn_block.norm.", "encoder.layer.{i}.output.LayerNorm."),
     ("pooler.", "pooler.dense."),
 ]
+_BODY_NAMES = [(ours, hf) for ours, hf in _ENCODER_NAMES if ours != "pooler."]  # no pooler
 _HF_BUFFERS = [r"(bert\.)?embeddings\.(position_ids|token_type_ids)"]
 
 
@@ -164,7 +171,8 @@ class _BertInterop(HFInterop):
 
 
 class BertModel(_BertInterop, nn.Module):
-    """Embeddings, post-LN encoder layers, tanh pooler.
+    """Embeddings, post-LN encoder layers, tanh pooler (``pooler=False`` leaves it out, as HF's
+    ``add_pooling_layer=False`` for the per-token heads).
 
     forward(input_ids, attention_mask=None, token_type_ids=None, output_attentions=False):
         input_ids: (batch, t) ids in [0, vocab_size), t <= max_positions;
@@ -177,14 +185,14 @@ class BertModel(_BertInterop, nn.Module):
     NAMES = _ENCODER_NAMES
 
     def __init__(self, config: BertConfig, device: torch.device | str | None = None,
-                 dtype: torch.dtype | None = None) -> None:
+                 dtype: torch.dtype | None = None, pooler: bool = True) -> None:
         super().__init__()
         factory = {"device": device, "dtype": dtype}
         self.config = config
         d = config.hidden_size
         self.build_embeddings(config, d, factory)
         self.layers = encoder_layers(config, **factory)
-        self.pooler = nn.Linear(d, d, **factory)
+        self.pooler = nn.Linear(d, d, **factory) if pooler else None
         self.apply(init_bert_weights)
 
     def build_embeddings(self, config: Any, width: int, factory: dict[str, Any]) -> None:
@@ -220,7 +228,7 @@ class BertModel(_BertInterop, nn.Module):
         padding = check_padding_mask("attention_mask", attention_mask, tuple(input_ids.shape))
         hidden_states, attentions = run_layers(self.layers, x, padding, output_attentions)
         x = hidden_states[-1]
-        pooled = torch.tanh(self.pooler(x[:, 0]))  # the [CLS] position
+        pooled = torch.tanh(self.pooler(x[:, 0])) if self.pooler is not None else None  # [CLS]
         return BertOutput(x, pooled, hidden_states, attentions)
 
 
@@ -361,6 +369,147 @@ class BertForSequenceClassification(_BertInterop, nn.Module):
                 output_attentions: bool = False) -> SequenceClassifierOutput:
         out = self.bert(input_ids, attention_mask, token_type_ids, output_attentions)
         return SequenceClassifierOutput(self.classifier(self.dropout(out.pooler_output)), out)
+
+
+@dataclass
+class QuestionAnsweringOutput:
+    """start_logits, end_logits: (batch, t), each token's score as the answer's first and as
+    its last token; bert: the encoder's :class:`BertOutput` (no pooler)."""
+
+    start_logits: Tensor
+    end_logits: Tensor
+    bert: BertOutput
+
+
+class BertForQuestionAnswering(_BertInterop, nn.Module):
+    """BERT for extractive question answering (Devlin et al., 2019, SQuAD): the input is
+    ``[CLS] question [SEP] passage [SEP]`` and the answer a span of the passage. One linear
+    layer maps each token's final vector h to two scores, h . S + b_S and h . E + b_E, with the
+    paper's start and end vectors S and E (plus a bias each). forward takes BertModel's arguments
+    and returns a :class:`QuestionAnsweringOutput`; :func:`span_loss` is the training loss and
+    :func:`best_span` reads the answer off. ``config.num_labels`` must be 2 (start, end)."""
+
+    HF_CLASS = "BertForQuestionAnswering"
+    NAMES = _prefixed("bert.", _BODY_NAMES) + [("qa_outputs.", "qa_outputs.")]
+
+    def __init__(self, config: BertConfig, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        if config.num_labels != 2:
+            raise ValueError(f"config.num_labels must be 2 (a start and an end score), "
+                             f"got {config.num_labels}")
+        factory = {"device": device, "dtype": dtype}
+        self.config = config
+        self.bert = BertModel(config, pooler=False, **factory)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2, **factory)
+        self.qa_outputs.apply(init_bert_weights)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+                token_type_ids: Tensor | None = None,
+                output_attentions: bool = False) -> QuestionAnsweringOutput:
+        out = self.bert(input_ids, attention_mask, token_type_ids, output_attentions)
+        start, end = self.qa_outputs(out.last_hidden_state).unbind(-1)
+        return QuestionAnsweringOutput(start, end, out)
+
+
+def span_loss(output: QuestionAnsweringOutput, start_positions: Tensor,
+              end_positions: Tensor) -> Tensor:
+    """The mean of the start and the end cross-entropies over the tokens (BERT's SQuAD loss).
+
+    start_positions, end_positions: (batch,) token indices of the answer's first and last token.
+    A position >= t (the answer was cut off with the rest of a long passage) leaves that term
+    out, as Hugging Face does."""
+    return (_position_loss("start_positions", output.start_logits, start_positions)
+            + _position_loss("end_positions", output.end_logits, end_positions)) / 2
+
+
+def _position_loss(name: str, logits: Tensor, positions: Tensor) -> Tensor:
+    """Cross-entropy of logits (batch, t) against positions (batch,), those >= t left out."""
+    if tuple(positions.shape) != (logits.shape[0],) or positions.is_floating_point():
+        raise ValueError(f"{name} must be integer indices of shape ({logits.shape[0]},), "
+                         f"got {positions.dtype} {tuple(positions.shape)}")
+    if positions.numel() and int(positions.min()) < 0:
+        raise ValueError(f"{name} must be >= 0 (>= t to leave an example out)")
+    t = logits.shape[1]
+    return F.cross_entropy(logits, positions.clamp(max=t), ignore_index=t)
+
+
+def best_span(start_logits: Tensor, end_logits: Tensor, max_length: int,
+              allowed: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """The highest-scoring answer span of each row: argmax of start_logits[i] + end_logits[j]
+    over i <= j < i + max_length, with both ends where ``allowed`` (e.g. the passage's tokens,
+    not the question's) when given.
+
+    start_logits, end_logits: (batch, t); allowed: (batch, t) bool, at least one True per row.
+    Returns (start, end, score), each (batch,): the span is tokens start .. end inclusive.
+    Memory is (batch, t, t)."""
+    check_float_tensor("start_logits", start_logits)
+    check_float_tensor("end_logits", end_logits)
+    if start_logits.dim() != 2 or end_logits.shape != start_logits.shape:
+        raise ValueError(f"start_logits and end_logits must both be (batch, t), got "
+                         f"{tuple(start_logits.shape)} and {tuple(end_logits.shape)}")
+    check_int("max_length", max_length, minimum=1)
+    t = start_logits.shape[1]
+    index = torch.arange(t, device=start_logits.device)
+    span = index[None, :] - index[:, None]  # end - start, for (start, end)
+    ok = ((span >= 0) & (span < max_length)).expand(start_logits.shape[0], t, t)
+    if allowed is not None:
+        check_bool_mask("allowed", allowed)
+        if allowed.shape != start_logits.shape or not bool(allowed.any(1).all()):
+            raise ValueError(f"allowed must be (batch, t) = {tuple(start_logits.shape)} with "
+                             "a True in every row")
+        ok = ok & allowed[:, :, None] & allowed[:, None, :]
+    scores = start_logits[:, :, None] + end_logits[:, None, :]  # (batch, start, end)
+    scores = scores.masked_fill(~ok, torch.finfo(scores.dtype).min)
+    score, flat = scores.flatten(1).max(1)
+    return flat // t, flat % t, score
+
+
+@dataclass
+class TokenClassifierOutput:
+    """logits: (batch, t, num_labels), one label distribution per token; bert: the encoder's
+    :class:`BertOutput` (no pooler)."""
+
+    logits: Tensor
+    bert: BertOutput
+
+
+class BertForTokenClassification(_BertInterop, nn.Module):
+    """BERT for tagging (named entities, CoNLL-2003 in Devlin et al., 2019): dropout and a
+    linear layer on every token's final vector, ``num_labels`` scores per token. forward takes
+    BertModel's arguments and returns a :class:`TokenClassifierOutput`;
+    :func:`token_classification_loss` is the training loss. The dropout rate is
+    ``config.dropout`` (HF's optional ``classifier_dropout`` is not read)."""
+
+    HF_CLASS = "BertForTokenClassification"
+    NAMES = _prefixed("bert.", _BODY_NAMES) + [("classifier.", "classifier.")]
+
+    def __init__(self, config: BertConfig, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.config = config
+        self.bert = BertModel(config, pooler=False, **factory)
+        self.dropout = nn.Dropout(config.dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels, **factory)
+        self.classifier.apply(init_bert_weights)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+                token_type_ids: Tensor | None = None,
+                output_attentions: bool = False) -> TokenClassifierOutput:
+        out = self.bert(input_ids, attention_mask, token_type_ids, output_attentions)
+        return TokenClassifierOutput(self.classifier(self.dropout(out.last_hidden_state)), out)
+
+
+def token_classification_loss(output: TokenClassifierOutput, labels: Tensor) -> Tensor:
+    """Mean cross-entropy over the labelled tokens. labels: (batch, t), a class in
+    [0, num_labels) or IGNORE_INDEX (-100) for tokens without a label (padding, [CLS], [SEP],
+    the second and later word pieces of a word)."""
+    logits = output.logits
+    if tuple(labels.shape) != tuple(logits.shape[:2]):
+        raise ValueError(f"labels must have shape {tuple(logits.shape[:2])}, "
+                         f"got {tuple(labels.shape)}")
+    return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
 
 
 def mean_pool(hidden: Tensor, attention_mask: Tensor) -> Tensor:
