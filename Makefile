@@ -153,7 +153,7 @@ live-gpt: install
 modern-ablations: install
 	OMP_NUM_THREADS=1 $(PY) scripts/modern_ablations.py --out lecture_pkg/recorded/modern_ablations_cpu.json \
 	  --layers 2 --width 48 --heads 4 --block-size 64 --batch-size 16 --steps 300 --seeds 3 \
-	  --eval-windows 64 --lr 3e-3 --high-lr 3e-2 --device cpu
+	  --eval-windows 64 --lr 3e-3 --high-lr 3e-2 --muon-lr 2e-2 --device cpu
 
 # The scaling-law sweep (issue 39): the isoFLOP grid of the modern decoder; about 4 min on an H200.
 scaling-sweep: install
