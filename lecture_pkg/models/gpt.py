@@ -12,9 +12,10 @@ What is particular to GPT-2, on top of :class:`lecture_pkg.layers.EncoderLayer` 
   linear), whose std is divided by sqrt(2 * n_layer) so that the stream's variance does not grow
   with depth.
 
-Interop with Hugging Face: :meth:`GPT.from_hf`, :meth:`GPT.from_config`, :meth:`GPT.hf_state_dict`.
-HF stores GPT-2's linear layers as ``Conv1D`` with weight (in, out), the transpose of
-``nn.Linear``'s (out, in), and fuses q, k, v into one ``c_attn``.
+Interop with Hugging Face: ``from_hf``, ``from_config`` from the shared
+:class:`~lecture_pkg.models.common.HFInterop`; the weight conversion is GPT-2's own, since HF stores
+its linear layers as ``Conv1D`` with weight (in, out), the transpose of ``nn.Linear``'s
+(out, in), and fuses q, k, v into one ``c_attn``.
 
 Shapes: input_ids (batch, t) integer token ids; attention_mask (batch, past + t), 1/True for real
 tokens and 0/False for padding (HF's convention, left or right padding).
@@ -34,7 +35,7 @@ from torch import Tensor, nn
 from lecture_pkg.attention import KVCache
 from lecture_pkg.checks import check_int
 from lecture_pkg.layers import EncoderLayer
-from lecture_pkg.models.common import check_hf_class, check_padding_mask, check_token_ids
+from lecture_pkg.models.common import HFInterop, check_padding_mask, check_token_ids
 
 __all__ = ["GPT", "GPTConfig", "GPTForSequenceClassification", "GPTOutput", "lm_batches",
            "next_token_loss"]
@@ -67,6 +68,33 @@ class GPTConfig:
     def d_ff(self) -> int:
         return self.n_inner or 4 * self.n_embd
 
+    @classmethod
+    def from_hf(cls, hf_config: Any) -> GPTConfig:
+        """The sizes of a ``transformers.GPT2Config``; settings this GPT does not implement are
+        refused by name."""
+        if type(hf_config).__name__ != "GPT2Config":
+            raise TypeError(f"hf_config must be a transformers GPT2Config, "
+                            f"got {type(hf_config).__name__}")
+        unsupported = {
+            "activation_function": (hf_config.activation_function,
+                                    ("gelu_new", "gelu_pytorch_tanh")),
+            "scale_attn_weights": (hf_config.scale_attn_weights, (True,)),
+            "scale_attn_by_inverse_layer_idx": (hf_config.scale_attn_by_inverse_layer_idx,
+                                                (False,)),
+            "add_cross_attention": (hf_config.add_cross_attention, (False,)),
+            "attn_pdrop": (hf_config.attn_pdrop, (hf_config.resid_pdrop,)),
+        }
+        for name, (value, allowed) in unsupported.items():
+            if value not in allowed:
+                raise ValueError(f"GPT2Config.{name}={value!r} is not supported "
+                                 f"(expected one of {allowed})")
+        return cls(vocab_size=hf_config.vocab_size, n_positions=hf_config.n_positions,
+                   n_embd=hf_config.n_embd, n_layer=hf_config.n_layer, n_head=hf_config.n_head,
+                   n_inner=hf_config.n_inner, dropout=hf_config.resid_pdrop,
+                   embd_dropout=hf_config.embd_pdrop,
+                   layer_norm_epsilon=hf_config.layer_norm_epsilon,
+                   initializer_range=hf_config.initializer_range)
+
 
 class GPTOutput(NamedTuple):
     """logits: (batch, t, vocab); last_hidden_state: (batch, t, n_embd), after ln_f;
@@ -78,7 +106,7 @@ class GPTOutput(NamedTuple):
     attentions: tuple[Tensor, ...] | None
 
 
-class GPT(nn.Module):
+class GPT(HFInterop, nn.Module):
     """A GPT-2 language model. forward(input_ids, attention_mask=None, position_ids=None,
     cache=None, output_attentions=False) -> :class:`GPTOutput`.
 
@@ -90,6 +118,9 @@ class GPT(nn.Module):
     - output_attentions: the package's own attention, returning every layer's weights; without
       it the fused ``scaled_dot_product_attention`` runs (same outputs, tested).
     """
+
+    HF_CLASS = "GPT2LMHeadModel"
+    CONFIG = GPTConfig
 
     def __init__(self, config: GPTConfig, device: torch.device | str | None = None,
                  dtype: torch.dtype | None = None) -> None:
@@ -250,44 +281,6 @@ class GPT(nn.Module):
         return (keep.long().cumsum(-1) - 1).clamp(min=0)[:, past:]
 
     # ---------------------------------------------------------------- Hugging Face interop
-
-    @classmethod
-    def from_config(cls, hf_config: Any, device: torch.device | str | None = None,
-                    dtype: torch.dtype | None = None) -> GPT:
-        """An untrained GPT with a ``transformers.GPT2Config``'s sizes (device="meta" builds it
-        without allocating memory, e.g. to count GPT-3's parameters)."""
-        if type(hf_config).__name__ != "GPT2Config":
-            raise TypeError(f"hf_config must be a transformers GPT2Config, "
-                            f"got {type(hf_config).__name__}")
-        unsupported = {
-            "activation_function": (hf_config.activation_function,
-                                    ("gelu_new", "gelu_pytorch_tanh")),
-            "scale_attn_weights": (hf_config.scale_attn_weights, (True,)),
-            "scale_attn_by_inverse_layer_idx": (hf_config.scale_attn_by_inverse_layer_idx,
-                                                (False,)),
-            "add_cross_attention": (hf_config.add_cross_attention, (False,)),
-            "attn_pdrop": (hf_config.attn_pdrop, (hf_config.resid_pdrop,)),
-        }
-        for name, (value, allowed) in unsupported.items():
-            if value not in allowed:
-                raise ValueError(f"GPT2Config.{name}={value!r} is not supported "
-                                 f"(expected one of {allowed})")
-        config = GPTConfig(vocab_size=hf_config.vocab_size, n_positions=hf_config.n_positions,
-                           n_embd=hf_config.n_embd, n_layer=hf_config.n_layer,
-                           n_head=hf_config.n_head, n_inner=hf_config.n_inner,
-                           dropout=hf_config.resid_pdrop, embd_dropout=hf_config.embd_pdrop,
-                           layer_norm_epsilon=hf_config.layer_norm_epsilon,
-                           initializer_range=hf_config.initializer_range)
-        return cls(config, device=device, dtype=dtype)
-
-    @classmethod
-    def from_hf(cls, hf_model: nn.Module) -> GPT:
-        """A copy of a ``transformers.GPT2LMHeadModel``'s weights, giving equal logits."""
-        check_hf_class(hf_model, "GPT2LMHeadModel")
-        weight = hf_model.transformer.wte.weight
-        model = cls.from_config(hf_model.config, device=weight.device, dtype=weight.dtype)
-        model.load_hf_state_dict(hf_model.state_dict())
-        return model.train(hf_model.training)
 
     def _hf_names(self) -> list[tuple[str, str, bool]]:
         """(our name, HF's name, transposed?) for every tensor except the fused q, k, v."""
