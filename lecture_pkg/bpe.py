@@ -42,6 +42,7 @@ from __future__ import annotations
 import functools
 import heapq
 import json
+import random
 import re
 import sys
 import unicodedata
@@ -54,9 +55,11 @@ from typing import Any, Literal, TypeVar
 from lecture_pkg.checks import check_int
 
 __all__ = [
-    "GPT2_PATTERN", "ByteLevelBPE", "apply_bpe", "bpe_steps", "bytes_to_unicode",
+    "CL100K_PATTERN", "GPT2_PATTERN", "O200K_PATTERN", "PRETOKENIZER_PATTERNS", "ByteLevelBPE",
+    "apply_bpe", "bpe_steps", "bytes_to_unicode",
     "check_special_tokens", "check_token_ids", "gpt2_pattern", "iter_merges", "iter_merges_recount", "learn_bpe",
-    "learned_vocabulary", "merge_pair", "pair_counts", "pretokenize", "segment_with_special_tokens",
+    "learned_vocabulary", "merge_pair", "pair_counts", "pretokenize", "pretokenize_with",
+    "segment_with_special_tokens",
     "split_on_special_tokens",
     "word_counts",
 ]
@@ -530,6 +533,65 @@ def pretokenize(text: str) -> list[str]:
     return _gpt2_regex().findall(text)
 
 
+# The pre-tokenizers of GPT-4 (cl100k_base) and GPT-4o (o200k_base), as published in OpenAI's
+# tiktoken (tiktoken_ext/openai_public.py). Against GPT-2's: contractions in any case, at most one
+# non-letter glued in front of a letter run, digits in groups of one to three, newlines kept with
+# the punctuation before them; o200k also splits a word at an upper-case letter after lower-case
+# ones (CamelCase) and keeps "/" with the punctuation before it.
+CL100K_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"""
+                  r""" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
+"""GPT-4's (cl100k_base) pre-tokenisation regex."""
+
+O200K_PATTERN = "|".join([
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"""
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"""
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""\p{N}{1,3}""",
+    r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+    r"""\s*[\r\n]+""",
+    r"""\s+(?!\S)""",
+    r"""\s+""",
+])
+"""GPT-4o's (o200k_base) pre-tokenisation regex."""
+
+PRETOKENIZER_PATTERNS = {"gpt2": GPT2_PATTERN, "cl100k": CL100K_PATTERN, "o200k": O200K_PATTERN}
+r"""The three published pre-tokenizer regexes by name (they need the ``regex`` module's ``\p{..}``)."""
+
+
+@functools.cache
+def _compiled_pattern(name: str) -> Any:
+    try:
+        import regex
+    except ImportError as err:   # pragma: no cover - regex comes with transformers
+        raise ImportError("pretokenize_with needs the 'regex' module (pip install regex)") from err
+    return regex.compile(PRETOKENIZER_PATTERNS[name])
+
+
+def pretokenize_with(text: str, pattern: str = "cl100k") -> list[str]:
+    r"""Split ``text`` into pre-tokens with one of :data:`PRETOKENIZER_PATTERNS` (``"gpt2"``,
+    ``"cl100k"`` or ``"o200k"``), as published, run by the ``regex`` module (this Python's
+    Unicode tables for ``\p{..}``). Characters no alternative matches (none, for these three
+    patterns, since ``\s+`` and the negated classes cover everything) would be dropped, so the
+    concatenation is checked to be ``text``."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    if pattern not in PRETOKENIZER_PATTERNS:
+        raise ValueError(f"pattern must be one of {sorted(PRETOKENIZER_PATTERNS)}, got {pattern!r}")
+    pieces = _compiled_pattern(pattern).findall(text)
+    if "".join(pieces) != text:   # pragma: no cover - the patterns cover every character
+        raise AssertionError(f"pattern {pattern!r} dropped characters of {text!r}")
+    return pieces
+
+
+def _check_dropout(dropout: object, seed: object) -> float:
+    if not isinstance(dropout, int | float) or isinstance(dropout, bool) or not 0.0 <= dropout <= 1.0:
+        raise ValueError(f"dropout must be a number in [0, 1], got {dropout!r}")
+    if dropout > 0 and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise TypeError(f"seed must be an int when dropout > 0 (encoding is random), got {seed!r}")
+    return float(dropout)
+
+
 class ByteLevelBPE:
     """GPT-2-style byte-level BPE tokenizer.
 
@@ -619,14 +681,38 @@ class ByteLevelBPE:
             pass
         return ids
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` (any Unicode string without lone surrogates)."""
+    def _encode_piece_dropout(self, piece: str, dropout: float, rng: random.Random) -> list[int]:
+        """BPE-dropout (Provilkov et al., 2020): at every step each applicable merge is skipped
+        with probability ``dropout``; the lowest-ranked surviving merge is made (leftmost on a
+        tie); when every applicable merge is skipped, the piece is done."""
+        ids = list(piece.encode("utf-8"))
+        table = self._table
+        while len(ids) > 1:
+            best = min(((table[pair][0], i) for i, pair in enumerate(zip(ids, ids[1:]))
+                        if pair in table and rng.random() >= dropout), default=None)
+            if best is None:
+                break
+            i = best[1]
+            ids[i:i + 2] = [table[ids[i], ids[i + 1]][1]]
+        return ids
+
+    def encode(self, text: str, *, dropout: float = 0.0, seed: int | None = None) -> list[int]:
+        """Token ids of ``text`` (any Unicode string without lone surrogates).
+
+        dropout: BPE-dropout's probability of skipping each applicable merge at each step
+        (0: the deterministic encoding; 1: raw bytes); seed: required when dropout > 0, so the
+        same seed gives the same segmentation. Every result decodes to ``text``."""
+        rate = _check_dropout(dropout, seed)
+        rng = random.Random(seed) if rate > 0 else None
         ids: list[int] = []
         for chunk, special in split_on_special_tokens(text, self.special_tokens):
             if special:
                 ids.append(self._special_ids[chunk])
-            else:
+            elif rng is None:
                 self._encode_ordinary(chunk, ids)
+            else:
+                for piece in pretokenize(chunk):
+                    ids.extend(self._encode_piece_dropout(piece, rate, rng))
         return ids
 
     def _encode_ordinary(self, text: str, ids: list[int]) -> None:
@@ -640,9 +726,10 @@ class ByteLevelBPE:
                     cache[piece] = piece_ids
             ids.extend(piece_ids)
 
-    def tokens(self, text: str) -> list[str]:
-        """The tokens of ``text`` as strings over the byte alphabet (``Ġ`` is a space)."""
-        return [self.vocab[i] for i in self.encode(text)]
+    def tokens(self, text: str, *, dropout: float = 0.0, seed: int | None = None) -> list[str]:
+        """The tokens of ``text`` as strings over the byte alphabet (``Ġ`` is a space);
+        ``dropout`` and ``seed`` as in :meth:`encode`."""
+        return [self.vocab[i] for i in self.encode(text, dropout=dropout, seed=seed)]
 
     def decode(self, ids: Iterable[int]) -> str:
         """Text of ``ids``; byte sequences that are not valid UTF-8 become U+FFFD."""

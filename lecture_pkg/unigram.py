@@ -19,7 +19,9 @@ vocabulary (every character and the frequent substrings), then alternate
    ``shrink`` share. Single characters are always kept, so every word stays spellable.
 
 until ``vocab_size`` pieces are left. A character never seen in training is ``<unk>``, and
-consecutive unknown characters make one ``<unk>``, as in HuggingFace ``tokenizers``. Special
+consecutive unknown characters make one ``<unk>``, as in HuggingFace ``tokenizers``; with
+``byte_fallback=True`` (SentencePiece's option, used by Llama 1/2) they become the pieces of their
+UTF-8 bytes instead, ``<0xE6>`` ..., so nothing is unknown. Special
 tokens (T5's ``<pad>``, ``</s>``, ``<unk>``) take the first ids and are never split.
 """
 
@@ -39,7 +41,7 @@ from lecture_pkg.bpe import (
 )
 from lecture_pkg.checks import check_int
 
-__all__ = ["SPACE", "T5_SPECIAL_TOKENS", "Unigram", "metaspace_pretokenize"]
+__all__ = ["SPACE", "T5_SPECIAL_TOKENS", "Unigram", "byte_piece", "metaspace_pretokenize"]
 
 SPACE = "\u2581"   # ▁, SentencePiece's visible space
 T5_SPECIAL_TOKENS = ("<pad>", "</s>", "<unk>")
@@ -58,6 +60,14 @@ def metaspace_pretokenize(text: str) -> list[str]:
     return re.findall(f"{SPACE}[^{SPACE}]*", text)
 
 
+def byte_piece(byte: int) -> str:
+    """SentencePiece's name for the byte-fallback piece of ``byte``: ``<0xE6>``."""
+    return f"<0x{byte:02X}>"
+
+
+_BYTE_PIECES = {byte_piece(b): b for b in range(256)}
+
+
 def _logsumexp(a: float, b: float) -> float:
     if a == -math.inf:
         return b
@@ -74,10 +84,19 @@ class Unigram:
     """
 
     def __init__(self, pieces: dict[str, float] | Iterable[tuple[str, float]],
-                 unk_token: str = "<unk>", *, special_tokens: Iterable[str] = ()) -> None:
+                 unk_token: str = "<unk>", *, special_tokens: Iterable[str] = (),
+                 byte_fallback: bool = False) -> None:
         """pieces: piece -> log-probability (ordinary pieces, in id order after the special
-        tokens); unk_token: stands for unknown characters, added to special_tokens if absent."""
+        tokens); unk_token: stands for unknown characters, added to special_tokens if absent;
+        byte_fallback: as SentencePiece for Llama 1/2, the 256 pieces ``<0x00>`` .. ``<0xFF>``
+        (score 0, as in Llama's vocabulary) follow the special tokens, and a run of unknown
+        characters becomes the pieces of its UTF-8 bytes instead of ``unk_token``."""
+        if not isinstance(byte_fallback, bool):
+            raise TypeError(f"byte_fallback must be a bool, got {byte_fallback!r}")
+        self.byte_fallback = byte_fallback
         pieces = dict(pieces)
+        if byte_fallback:
+            pieces = {**{byte_piece(b): 0.0 for b in range(256)}, **pieces}
         for piece, score in pieces.items():
             if not isinstance(piece, str) or not piece:
                 raise TypeError(f"pieces must be non-empty str, got {piece!r}")
@@ -117,17 +136,28 @@ class Unigram:
                     score = self._unk_score            # an unknown character, alone
                 if score is not None and best[start] + score > best[end]:
                     best[end], back[end] = best[start] + score, start
-        pieces: list[str] = []
+        pieces: list[str] = []                         # backwards; None: unknown character
+        unknown_run: list[str] = []
         end = n
         while end > 0:
             piece = word[back[end]:end]
-            unknown = piece not in self.scores
-            if unknown and pieces and pieces[-1] == self.unk_token:
-                pass                                   # runs of unknown characters: one <unk>
+            if piece not in self.scores:
+                unknown_run.append(piece)              # runs of unknown characters: one unit
             else:
-                pieces.append(self.unk_token if unknown else piece)
+                if unknown_run:
+                    pieces.extend(self._unknown(unknown_run))
+                    unknown_run = []
+                pieces.append(piece)
             end = back[end]
+        if unknown_run:
+            pieces.extend(self._unknown(unknown_run))
         return pieces[::-1]
+
+    def _unknown(self, run_backwards: list[str]) -> list[str]:
+        """The pieces (backwards) standing for a run of unknown characters (given backwards)."""
+        if not self.byte_fallback:
+            return [self.unk_token]
+        return [byte_piece(b) for b in "".join(reversed(run_backwards)).encode("utf-8")][::-1]
 
     def tokens(self, text: str) -> list[str]:
         """The token strings of ``text``: special tokens whole, the rest pre-tokenized and
@@ -140,7 +170,12 @@ class Unigram:
 
     def decode(self, ids: Iterable[int]) -> str:
         """The pieces concatenated, ``▁`` turned back into spaces, the leading one dropped."""
-        text = "".join(self.vocab[i] for i in check_token_ids(ids, self.vocab_size))
+        out = bytearray()
+        for i in check_token_ids(ids, self.vocab_size):
+            token = self.vocab[i]
+            byte = _BYTE_PIECES.get(token) if self.byte_fallback else None
+            out.extend(bytes([byte]) if byte is not None else token.encode("utf-8"))
+        text = out.decode("utf-8", errors="replace")
         return text.replace(SPACE, " ").removeprefix(" ")
 
     # ---------------------------------------------------------------- training
@@ -243,7 +278,7 @@ class Unigram:
 
         vocab = [(t, 0.0) for t in self.special_tokens] + list(self.scores.items())
         tokenizer = Tokenizer(models.Unigram(vocab, unk_id=self._ids[self.unk_token],
-                                             byte_fallback=False))
+                                             byte_fallback=self.byte_fallback))
         tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme="always")
         tokenizer.decoder = decoders.Metaspace(replacement=SPACE, prepend_scheme="always")
         tokenizer.add_special_tokens(self.special_tokens)
