@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -106,8 +106,7 @@ def init_bert_weights(module: nn.Module) -> None:
         nn.init.zeros_(module.bias)
 
 
-@dataclass
-class BertOutput:
+class BertOutput(NamedTuple):
     """last_hidden_state: (batch, t, hidden); pooler_output: (batch, hidden), None without a pooler;
     hidden_states: the embeddings' output then every layer's, each (batch, t, hidden);
     attentions: every layer's weights (batch, heads, t, t) when asked for, else None."""
@@ -259,8 +258,7 @@ def _prefixed(prefix: str, names: list[tuple[str, str]]) -> list[tuple[str, str]
     return [(f"bert.{ours}", f"{prefix}{hf}") for ours, hf in names]
 
 
-@dataclass
-class BertPreTrainingOutput:
+class BertPreTrainingOutput(NamedTuple):
     """mlm_logits: (batch, t, vocab_size); nsp_logits: (batch, 2), class 0 = IsNext;
     bert: the encoder's :class:`BertOutput`."""
 
@@ -339,8 +337,7 @@ def pretraining_loss(output: BertPreTrainingOutput, mlm_labels: Tensor,
     return mlm, F.cross_entropy(output.nsp_logits, nsp_labels)
 
 
-@dataclass
-class SequenceClassifierOutput:
+class SequenceClassifierOutput(NamedTuple):
     """logits: (batch, num_labels); bert: the encoder's :class:`BertOutput`."""
 
     logits: Tensor
@@ -371,8 +368,7 @@ class BertForSequenceClassification(_BertInterop, nn.Module):
         return SequenceClassifierOutput(self.classifier(self.dropout(out.pooler_output)), out)
 
 
-@dataclass
-class QuestionAnsweringOutput:
+class QuestionAnsweringOutput(NamedTuple):
     """start_logits, end_logits: (batch, t), each token's score as the answer's first and as
     its last token; bert: the encoder's :class:`BertOutput` (no pooler)."""
 
@@ -465,8 +461,7 @@ def best_span(start_logits: Tensor, end_logits: Tensor, max_length: int,
     return flat // t, flat % t, score
 
 
-@dataclass
-class TokenClassifierOutput:
+class TokenClassifierOutput(NamedTuple):
     """logits: (batch, t, num_labels), one label distribution per token; bert: the encoder's
     :class:`BertOutput` (no pooler)."""
 

@@ -22,7 +22,7 @@ What is particular to ELECTRA, and therefore in this file (everything else is
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -63,8 +63,7 @@ class ElectraConfig(BertConfig):
         return cls(**_encoder_kwargs(hf_config), embedding_size=hf_config.embedding_size)
 
 
-@dataclass
-class ElectraOutput:
+class ElectraOutput(NamedTuple):
     """last_hidden_state: (batch, t, hidden); hidden_states: the (projected) embeddings then
     every layer's output; attentions: every layer's (batch, heads, t, t) weights or None."""
 
@@ -121,8 +120,7 @@ class ElectraModel(_ElectraInterop, nn.Module):
         return ElectraOutput(hidden_states[-1], hidden_states, attentions)
 
 
-@dataclass
-class ElectraHeadOutput:
+class ElectraHeadOutput(NamedTuple):
     """logits: (batch, t) for the discriminator (> 0: replaced), (batch, t, vocab_size) for the
     generator; electra: the encoder's :class:`ElectraOutput`."""
 
@@ -208,8 +206,7 @@ def share_embeddings(generator: ElectraForMaskedLM, discriminator: ElectraForPre
     g.token, g.position, g.segment, g.embed_norm = d.token, d.position, d.segment, d.embed_norm
 
 
-@dataclass
-class RTDOutput:
+class RTDOutput(NamedTuple):
     """mlm_loss, rtd_loss: scalars; loss = mlm_loss + rtd_weight * rtd_loss;
     corrupted: (batch, t) the discriminator's input; replaced: (batch, t) bool, its labels;
     rtd_logits: (batch, t) the discriminator's logits."""

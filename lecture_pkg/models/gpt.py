@@ -178,14 +178,7 @@ class GPT(HFInterop, nn.Module):
         keep = check_padding_mask("attention_mask", attention_mask, (batch, past + t))
         if position_ids is None:
             position_ids = self._position_ids(keep, batch, past, t, input_ids.device)
-        elif tuple(position_ids.shape) not in ((batch, t), (1, t)):
-            raise ValueError(f"position_ids must have shape (batch, t) = {(batch, t)}, "
-                             f"got {tuple(position_ids.shape)}")
-        last = -1 if torch.compiler.is_compiling() else int(position_ids.max())  # as ids
-        if last >= self.config.n_positions:
-            raise ValueError(f"position {last} is outside the context: the model has "
-                             f"n_positions={self.config.n_positions} (prompt plus cached tokens "
-                             f"must not exceed it)")
+        self._check_position_ids(position_ids, batch, t)
         if keep is not None and bool(keep.all()):
             keep = None  # no padding: the fused causal kernel needs no mask
         x = self.drop(self.wte(input_ids) + self.wpe(position_ids))
@@ -262,6 +255,16 @@ class GPT(HFInterop, nn.Module):
         if input_ids.shape[1] == 0:
             raise ValueError("input_ids must hold at least one token per row, got shape "
                              f"{tuple(input_ids.shape)}")
+
+    def _check_position_ids(self, position_ids: Tensor, batch: int, t: int) -> None:
+        if tuple(position_ids.shape) not in ((batch, t), (1, t)):
+            raise ValueError(f"position_ids must have shape (batch, t) = {(batch, t)}, "
+                             f"got {tuple(position_ids.shape)}")
+        last = -1 if torch.compiler.is_compiling() else int(position_ids.max())  # as ids
+        if last >= self.config.n_positions:
+            raise ValueError(f"position {last} is outside the context: the model has "
+                             f"n_positions={self.config.n_positions} (prompt plus cached tokens "
+                             f"must not exceed it)")
 
     def _check_cache(self, cache: list[KVCache] | None) -> int:
         if cache is None:

@@ -200,11 +200,14 @@ class PatchEmbedding(nn.Module):
                               stride=patch_size, device=device, dtype=dtype)
 
     def forward(self, images: Tensor) -> Tensor:
+        self._check_images(images)
+        return self.proj(images).flatten(2).transpose(1, 2)
+
+    def _check_images(self, images: Tensor) -> None:
         _, _, height, width = images.shape
         if height % self.patch_size or width % self.patch_size:
             raise ValueError(f"pixel_values has size {height}x{width}, not divisible by "
                              f"patch_size {self.patch_size}")
-        return self.proj(images).flatten(2).transpose(1, 2)
 
 
 class ViTOutput(NamedTuple):
