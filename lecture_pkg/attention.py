@@ -53,6 +53,7 @@ __all__ = [
     "gaussian_score",
     "grouped_query_attention",
     "linformer_attention",
+    "linformer_mixing",
     "local_attention",
     "scaled_dot_product_attention",
     "scaled_dot_score",
@@ -736,15 +737,37 @@ def linformer_attention(q: Tensor, k: Tensor, v: Tensor, e: Tensor, f: Tensor,
     return (weights @ v_low).to(q.dtype), weights.to(q.dtype)
 
 
-class LinformerSelfAttention(MultiHeadAttention):
-    """Multi-head self-attention with Linformer's projections: the projected keys and values
-    of each head are mixed along the sequence by E and F, (proj_len, seq_len) parameters shared
-    by all heads and layers' inputs (the paper's "headwise sharing"; ``share_kv`` uses one
-    matrix for both). Sequences up to ``seq_len`` long are accepted; a shorter one uses the
-    first t columns of E and F. No attention dropout.
+def linformer_mixing(weights: Tensor, f: Tensor) -> Tensor:
+    """The matrix that Linformer's output applies to the values: ``out = mixing @ v``, with
+    mixing = weights F. Full attention's mixing matrix is its weights (n_q, n); Linformer's is
+    a product through proj_len rows, so its rank is at most proj_len, whatever the weights.
 
-    forward(x, need_weights=False) -> (out: (batch, t, embed_dim),
-        weights: (batch, heads, t, proj_len) or None).
+    weights: (..., n_q, proj_len) as returned by :func:`linformer_attention`; f: (proj_len, n).
+    Returns (..., n_q, n).
+    """
+    _check_tensor(weights, "weights", min_dim=2)
+    _check_tensor(f, "f")
+    if f.dim() != 2 or f.shape[0] != weights.shape[-1]:
+        raise ValueError(f"f must have shape (proj_len, n) with proj_len = weights' last dim "
+                         f"{weights.shape[-1]}, got {tuple(f.shape)}")
+    if f.dtype != weights.dtype or f.device != weights.device:
+        raise TypeError(f"f is {f.dtype} on {f.device} but weights is {weights.dtype} on "
+                        f"{weights.device}; they must share dtype and device")
+    return weights @ f
+
+
+class LinformerSelfAttention(MultiHeadAttention):
+    """Multi-head attention with Linformer's projections, a drop-in for
+    :class:`MultiHeadAttention`: the projected keys and values of each head are mixed along the
+    sequence by E and F, (proj_len, seq_len) parameters shared by all heads (the paper's
+    "headwise sharing"; ``share_kv`` uses one matrix for both). Key sequences up to ``seq_len``
+    long are accepted; a shorter one uses the first t_k columns of E and F. No attention dropout.
+
+    forward(query, key, value, attn_mask=None, key_padding_mask=None, is_causal=False,
+            need_weights=True, cache=None), as :class:`MultiHeadAttention`; self-attention is
+        ``layer(x, x, x)``. Returns (out: (batch, t_q, embed_dim),
+        weights: (batch, heads, t_q, proj_len) or None). Masks, ``is_causal`` and a cache are
+        refused: every projected key mixes all positions, so no key can be hidden from a query.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, seq_len: int, proj_len: int,
@@ -759,16 +782,27 @@ class LinformerSelfAttention(MultiHeadAttention):
         self.f = self.e if share_kv else nn.Parameter(
             torch.randn(proj_len, seq_len, **factory) / math.sqrt(proj_len))
 
-    def forward(self, x: Tensor, need_weights: bool = False  # type: ignore[override]
-                ) -> tuple[Tensor, Tensor | None]:
-        self._check_inputs(x, x, x)
-        t = x.shape[1]
-        if t > self.seq_len:
-            raise ValueError(f"x has {t} positions but this layer projects at most "
+    def forward(self, query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
+                key_padding_mask: Tensor | None = None, is_causal: bool = False,
+                need_weights: bool = True,
+                cache: KVCache | None = None) -> tuple[Tensor, Tensor | None]:
+        self._check_inputs(query, key, value)
+        refused = (("attn_mask", attn_mask is not None), ("key_padding_mask",
+                   key_padding_mask is not None), ("is_causal", bool(is_causal)),
+                   ("cache", cache is not None))
+        for name, given in refused:
+            if given:
+                raise ValueError(f"{name} is not supported by LinformerSelfAttention: each of "
+                                 f"its proj_len projected keys mixes all positions, so no key "
+                                 f"can be hidden from a query")
+        t_k = key.shape[1]
+        if t_k > self.seq_len:
+            raise ValueError(f"key has {t_k} positions but this layer projects at most "
                              f"seq_len = {self.seq_len}")
-        q, k, v = (self._split_heads(proj(x)) for proj in (self.q_proj, self.k_proj, self.v_proj))
-        out, weights = linformer_attention(q, k, v, self.e[:, :t], self.f[:, :t], self.scale)
-        out = out.transpose(1, 2).reshape(x.shape[0], t, self.embed_dim)
+        q = self._split_heads(self.q_proj(query))
+        k, v = self._split_heads(self.k_proj(key)), self._split_heads(self.v_proj(value))
+        out, weights = linformer_attention(q, k, v, self.e[:, :t_k], self.f[:, :t_k], self.scale)
+        out = out.transpose(1, 2).reshape(query.shape[0], query.shape[1], self.embed_dim)
         return self.out_proj(out), weights if need_weights else None
 
     def extra_repr(self) -> str:

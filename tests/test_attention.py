@@ -703,15 +703,49 @@ def test_linformer_module_matches_its_functional_form_and_checks_length() -> Non
     torch.manual_seed(0)
     layer = LinformerSelfAttention(16, 2, seq_len=10, proj_len=3).double()
     x = torch.randn(2, 7, 16, dtype=torch.float64)  # shorter than seq_len: first 7 columns
-    out, weights = layer(x, need_weights=True)
-    split = lambda t: t.view(2, 7, 2, 8).transpose(1, 2)  # noqa: E731
+    out, weights = layer(x, x, x)
+    split = lambda t: t.view(2, -1, 2, 8).transpose(1, 2)  # noqa: E731
     q, k, v = split(layer.q_proj(x)), split(layer.k_proj(x)), split(layer.v_proj(x))
     expected, w = linformer_attention(q, k, v, layer.e[:, :7], layer.f[:, :7])
     torch.testing.assert_close(out, layer.out_proj(expected.transpose(1, 2).reshape(2, 7, 16)))
     torch.testing.assert_close(weights, w)
-    assert weights.shape == (2, 2, 7, 3) and layer(x)[1] is None
+    assert weights.shape == (2, 2, 7, 3) and layer(x, x, x, need_weights=False)[1] is None
+    # a drop-in for MultiHeadAttention: cross-attention with 4 queries over the 7 keys
+    y = torch.randn(2, 4, 16, dtype=torch.float64)
+    cross, cross_w = layer(y, x, x)
+    expected, _ = linformer_attention(split(layer.q_proj(y)), k, v, layer.e[:, :7],
+                                      layer.f[:, :7])
+    torch.testing.assert_close(cross, layer.out_proj(expected.transpose(1, 2).reshape(2, 4, 16)))
+    assert cross_w.shape == (2, 2, 4, 3)
     assert LinformerSelfAttention(16, 2, 10, 3, share_kv=True).f is not None
     shared = LinformerSelfAttention(16, 2, 10, 3, share_kv=True)
     assert shared.e is shared.f
+    long = torch.randn(1, 11, 16, dtype=torch.float64)
     with pytest.raises(ValueError, match="seq_len = 10"):
-        layer(torch.randn(1, 11, 16, dtype=torch.float64))
+        layer(long, long, long)
+    mask = torch.ones(7, 7, dtype=torch.bool)
+    for kwargs, name in (({"attn_mask": mask}, "attn_mask"), ({"is_causal": True}, "is_causal"),
+                         ({"key_padding_mask": torch.ones(2, 7, dtype=torch.bool)},
+                          "key_padding_mask")):
+        with pytest.raises(ValueError, match=f"^{name} is not supported"):
+            layer(x, x, x, **kwargs)
+
+
+def test_linformer_mixing_reproduces_the_output_and_has_rank_at_most_proj_len() -> None:
+    from lecture_pkg.attention import linformer_attention, linformer_mixing
+
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 3, 12, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    e, f = torch.randn(2, 4, 12, generator=g, dtype=torch.float64)
+    out, weights = linformer_attention(q, k, v, e, f)
+    mixing = linformer_mixing(weights, f)
+    assert mixing.shape == (2, 3, 12, 12)
+    torch.testing.assert_close(mixing @ v, out)
+    # an independent reference: one query's row, a loop over the proj_len projected values
+    row = sum(weights[1, 2, 5, r] * f[r] for r in range(4))
+    torch.testing.assert_close(mixing[1, 2, 5], row)
+    assert int(torch.linalg.matrix_rank(mixing[0, 0])) == 4          # proj_len, not 12
+    with pytest.raises(ValueError, match="f must have shape"):
+        linformer_mixing(weights, f[:3])
+    with pytest.raises(TypeError, match="f is torch.float32"):
+        linformer_mixing(weights, f.float())
