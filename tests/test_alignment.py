@@ -24,7 +24,6 @@ from lecture_pkg.alignment import (
 from lecture_pkg.char_tokenizers import CharTokenizer
 from lecture_pkg.lm_eval import sequence_logprobs, token_logprobs
 from lecture_pkg.models.gpt import GPT
-from lecture_pkg.shakespeare_tasks import make_instructions
 
 transformers = pytest.importorskip("transformers")
 trl_utils = pytest.importorskip("trl.trainer.utils")
@@ -250,62 +249,6 @@ def test_ppo_clip_and_grpo_loss_by_hand():
         ppo_clip_loss(logp, old, adv, mask.double())
 
 
-def test_make_instructions_answers_and_held_out_words():
-    text = "Which is a wonder how his Grace\\nshould glean it, since night\\n"
-    text = text.replace("\\n", "\n")
-    items = make_instructions(text, 6, seed=0)
-    assert [it.task for it in items] == ["upper", "reverse", "count"] * 2
-    for it in items:
-        argument = it.prompt.split(": ", 1)[1]
-        expected = {"upper": argument.upper(), "reverse": argument[::-1],
-                    "count": str(len(argument.split()))}[it.task]
-        assert it.answer == expected
-    held_out = make_instructions(text, 20, seed=1, tasks=("upper",), exclude_words={"wonder", "night"})
-    # capitalised words (Which, Grace) are not lower-case words; excluded words never appear
-    assert {it.answer for it in held_out} <= {"HOW", "HIS", "SHOULD", "GLEAN", "SINCE"}
-    with pytest.raises(ValueError, match="tasks must be"):
-        make_instructions(text, 2, tasks=("translate",))
-
-
-def test_wrong_answers_are_wrong_and_pairs_deterministic():
-    import random
-
-    from lecture_pkg.shakespeare_tasks import Instruction, make_preference_pairs, wrong_answer
-
-    items = [Instruction("upper", "upper: night", "NIGHT"),
-             Instruction("reverse", "reverse: night", "thgin"),
-             Instruction("count", "count: a b c", "3"), Instruction("count", "count: a", "1")]
-    rng = random.Random(0)
-    for _ in range(50):
-        for it in items:
-            wrong = wrong_answer(it, rng)
-            assert wrong != it.answer
-            if it.task == "count":
-                assert abs(int(wrong) - int(it.answer)) == 1 and int(wrong) >= 1
-    pairs = make_preference_pairs(items, seed=3)
-    assert pairs == make_preference_pairs(items, seed=3)
-    assert [(p, c) for p, c, _ in pairs] == [(it.prompt, it.answer) for it in items]
-
-
-def test_pad_right_and_exact_match():
-    from lecture_pkg.lm_eval import pad_right
-    from lecture_pkg.shakespeare_tasks import Instruction, exact_match
-
-    ids, keep, mask = pad_right([([1, 2, 3], [False, True, True]), ([4], [True])], pad_id=9)
-    assert ids.tolist() == [[1, 2, 3], [4, 9, 9]]
-    assert keep.tolist() == [[1, 1, 1], [1, 0, 0]]
-    assert mask.tolist() == [[False, True, True], [True, False, False]]
-    with pytest.raises(ValueError, match=r"examples\[0\] has 2 ids but 1 mask"):
-        pad_right([([1, 2], [True])], pad_id=0)
-    with pytest.raises(ValueError, match="examples must not be empty"):
-        pad_right([], pad_id=0)
-    items = [Instruction("upper", "upper: ab", "AB"), Instruction("upper", "upper: cd", "CD"),
-             Instruction("count", "count: a", "1")]
-    assert exact_match(["AB", "cd", "1"], items) == {"upper": 0.5, "count": 1.0}
-    with pytest.raises(ValueError, match="predictions has 2 entries but items 3"):
-        exact_match(["AB", "CD"], items)
-
-
 def test_generate_answers_masks_the_answer_up_to_its_end(tokenizer):
     from lecture_pkg.alignment import generate_answers
     from lecture_pkg.models.gpt import GPTConfig
@@ -333,19 +276,6 @@ def test_generate_answers_masks_the_answer_up_to_its_end(tokenizer):
     assert out.texts[2] == tokenizer.decode(alone)
     with pytest.raises(ValueError, match="prompts must be"):
         generate_answers(model, tokenizer, "abc")
-
-
-def test_shakespeare_instructions_hold_out_training_words():
-    import re
-
-    from lecture_pkg.data import shakespeare
-    from lecture_pkg.shakespeare_tasks import shakespeare_instructions
-
-    train_words = set(re.findall(r"\b[a-z]+\b", shakespeare("train")))
-    held_out = shakespeare_instructions("test", 60, seed=1)
-    words = {it.prompt.split(": ", 1)[1] for it in held_out if it.task != "count"}
-    assert words and not words & train_words
-    assert held_out == shakespeare_instructions("test", 60, seed=1)
 
 
 def test_sft_checkpoint_reproduces_its_recorded_held_out_accuracy():

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import math
-import random
-import re
 
 import numpy as np
 import pytest
 import torch
 
 from lecture_pkg.char_tokenizers import CharTokenizer
-from lecture_pkg.data import shakespeare
 from lecture_pkg.in_context_regression import (
     ICLTransformer,
     linear_tasks,
@@ -21,8 +18,6 @@ from lecture_pkg.in_context_regression import (
 )
 from lecture_pkg.shakespeare_tasks import (
     SPELLINGS,
-    demonstration_text,
-    demonstration_windows,
     spelling_accuracy,
     spelling_words,
 )
@@ -131,59 +126,6 @@ def test_task_noise_is_added_after_the_clean_draws():
     g = torch.Generator().manual_seed(5)
     lipschitz_tasks(4, 6, 2.0, generator=g)  # the same clean draws, then the noise
     torch.testing.assert_close(noisy[1], clean[1] + 0.3 * torch.randn(4, 6, generator=g))
-
-
-def test_spelling_words_held_out_from_training():
-    train, test = spelling_words("train"), spelling_words("test")
-    assert len(test) >= 500 and train == sorted(train)
-    assert all(w.isalpha() and w.islower() and 4 <= len(w) <= 7 for w in test)
-    assert not set(test) & set(train)
-    seen = set(re.findall(r"[a-z]+", shakespeare("train").lower()))
-    assert not set(test) & seen  # never in the training works, in any case
-    with pytest.raises(ValueError, match="split must be"):
-        spelling_words("validation")
-
-
-def test_demonstration_text_and_windows():
-    assert demonstration_text(["king", "lord"], "title") == "king: King\nlord: Lord\n"
-    assert demonstration_text(["ay"], "upper") == "ay: AY\n"
-    assert demonstration_text(["ay"], "lower", separator=" - ") == "ay - ay\n"
-    with pytest.raises(ValueError, match="spelling must be one of"):
-        demonstration_text(["king"], "reverse")
-    with pytest.raises(ValueError, match="separator must be"):
-        demonstration_text(["king"], "upper", separator="\n")
-    words = ["king", "lord", "queen", "fool"]
-    chars = sorted(set("".join(words) + "".join(w.upper() for w in words) + ": -\n"))
-    encode = lambda text: [chars.index(c) for c in text]  # noqa: E731
-    decode = lambda row: "".join(chars[i] for i in row)  # noqa: E731
-
-    def spelling_and_separator(text: str) -> set[tuple[str, str]]:
-        """The (spelling, separator) pairs every complete line of a window agrees with."""
-        lines = text.split("\n")[:-1]  # the last line may be cut
-        assert lines and text.startswith(tuple(words))
-        return {(name, sep) for name, spell in SPELLINGS.items() for sep in (": ", " - ")
-                if all(line == f"{w}{sep}{spell(w)}" for line in lines
-                       for w in [line.split(sep)[0]])}
-
-    windows = demonstration_windows(words, encode, 30, 40, random.Random(0))
-    assert windows.shape == (30, 40) and windows.dtype == torch.long
-    fits = [spelling_and_separator(decode(row)) for row in windows.tolist()]
-    assert all(fit and {sep for _, sep in fit} == {": "} for fit in fits)
-    assert set().union(*fits) >= {(name, ": ") for name in SPELLINGS}  # every spelling
-    again = demonstration_windows(words, encode, 30, 40, random.Random(0))
-    torch.testing.assert_close(windows, again)
-    # several separators: one per window, each of them used
-    mixed = demonstration_windows(words, encode, 30, 40, random.Random(0),
-                                  separators=(": ", " - "))
-    fits = [spelling_and_separator(decode(row)) for row in mixed.tolist()]
-    assert all(len({sep for _, sep in fit}) == 1 for fit in fits)
-    assert {sep for fit in fits for _, sep in fit} == {": ", " - "}
-    with pytest.raises(ValueError, match="separators must not be empty"):
-        demonstration_windows(words, encode, 1, 8, random.Random(0), separators=())
-    with pytest.raises(ValueError, match="words must not be empty"):
-        demonstration_windows([], encode, 1, 8, random.Random(0))
-    with pytest.raises(ValueError, match="count must be positive"):
-        demonstration_windows(words, encode, 0, 8, random.Random(0))
 
 
 class _CaseModel(torch.nn.Module):

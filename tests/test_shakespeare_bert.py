@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 import torch
 
-from lecture_pkg.char_tokenizers import MASK, SPECIALS, UNK, MLMChars, normalise
+from lecture_pkg.char_tokenizers import MASK
 from lecture_pkg.data import shakespeare
 from lecture_pkg.masks import IGNORE_INDEX
 from lecture_pkg.shakespeare_bert import (
@@ -20,19 +20,6 @@ from lecture_pkg.shakespeare_bert import (
     random_batch,
     shakespeare_bert_info,
 )
-
-
-def test_vocabulary_round_trip_and_unknown_characters() -> None:
-    vocab = MLMChars.from_text("To be,\n\n\nor not to be.")
-    assert vocab.itos[: len(SPECIALS)] == list(SPECIALS)
-    ids = vocab.encode("Or not TO be,\n\nto be")
-    assert vocab.decode(ids) == "or not to be,\nto be"
-    assert vocab.encode("xyz").tolist() == [UNK, UNK, UNK]
-    with pytest.raises(ValueError, match="ids"):
-        vocab.decode([vocab.vocab_size])
-    with pytest.raises(ValueError, match="chars"):
-        MLMChars(["a", "a"])
-    assert normalise("A\n \n\nB") == "a\nb"
 
 
 def test_random_batch_is_contiguous_text_with_a_fresh_mask() -> None:
