@@ -344,22 +344,30 @@ class SequenceClassifierOutput(NamedTuple):
     bert: BertOutput
 
 
-class BertForSequenceClassification(_BertInterop, nn.Module):
-    """BERT's fine-tuning recipe for one label per text (pair): dropout and a linear layer on the
-    pooled [CLS] vector. forward takes BertModel's arguments."""
+class _BertWithClassifier(_BertInterop, nn.Module):
+    """BERT's fine-tuning recipe: the encoder, dropout and a linear ``classifier`` to
+    ``config.num_labels`` scores, on the pooled [CLS] vector (``POOLED``) or on every token's."""
 
-    HF_CLASS = "BertForSequenceClassification"
-    NAMES = _prefixed("bert.", _ENCODER_NAMES) + [("classifier.", "classifier.")]
+    POOLED: bool
 
     def __init__(self, config: BertConfig, device: torch.device | str | None = None,
                  dtype: torch.dtype | None = None) -> None:
         super().__init__()
         factory = {"device": device, "dtype": dtype}
         self.config = config
-        self.bert = BertModel(config, **factory)
+        self.bert = BertModel(config, pooler=self.POOLED, **factory)
         self.dropout = nn.Dropout(config.dropout)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels, **factory)
         self.classifier.apply(init_bert_weights)
+
+
+class BertForSequenceClassification(_BertWithClassifier):
+    """One label per text (pair): the classifier on the pooled [CLS] vector. forward takes
+    BertModel's arguments."""
+
+    HF_CLASS = "BertForSequenceClassification"
+    NAMES = _prefixed("bert.", _ENCODER_NAMES) + [("classifier.", "classifier.")]
+    POOLED = True
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 token_type_ids: Tensor | None = None,
@@ -469,7 +477,7 @@ class TokenClassifierOutput(NamedTuple):
     bert: BertOutput
 
 
-class BertForTokenClassification(_BertInterop, nn.Module):
+class BertForTokenClassification(_BertWithClassifier):
     """BERT for tagging (named entities, CoNLL-2003 in Devlin et al., 2019): dropout and a
     linear layer on every token's final vector, ``num_labels`` scores per token. forward takes
     BertModel's arguments and returns a :class:`TokenClassifierOutput`;
@@ -478,16 +486,7 @@ class BertForTokenClassification(_BertInterop, nn.Module):
 
     HF_CLASS = "BertForTokenClassification"
     NAMES = _prefixed("bert.", _BODY_NAMES) + [("classifier.", "classifier.")]
-
-    def __init__(self, config: BertConfig, device: torch.device | str | None = None,
-                 dtype: torch.dtype | None = None) -> None:
-        super().__init__()
-        factory = {"device": device, "dtype": dtype}
-        self.config = config
-        self.bert = BertModel(config, pooler=False, **factory)
-        self.dropout = nn.Dropout(config.dropout)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels, **factory)
-        self.classifier.apply(init_bert_weights)
+    POOLED = False
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 token_type_ids: Tensor | None = None,

@@ -23,10 +23,10 @@ NameTable = Sequence[tuple[str, str]]
 
 
 def check_token_ids(name: str, ids: object, vocab_size: int, max_positions: int | None = None,
-                    batch_shape: tuple[int, ...] | None = None) -> Tensor:
+                    batch_shape: tuple[int, ...] | None = None, nonempty: bool = False) -> Tensor:
     """``ids`` if it is an integer tensor (batch, t) with every id in [0, vocab_size) (not checked
-    under torch.compile), t at most ``max_positions`` and, when given, shape ``batch_shape``; a
-    clear error otherwise."""
+    under torch.compile), t at most ``max_positions``, t >= 1 with ``nonempty`` and, when given,
+    shape ``batch_shape``; a clear error otherwise."""
     if not isinstance(ids, Tensor) or ids.is_floating_point() or ids.is_complex() \
             or ids.dtype == torch.bool:
         got = ids.dtype if isinstance(ids, Tensor) else type(ids).__name__
@@ -36,6 +36,9 @@ def check_token_ids(name: str, ids: object, vocab_size: int, max_positions: int 
     if batch_shape is not None and tuple(ids.shape) != tuple(batch_shape):
         raise ValueError(f"{name} must have the shape of input_ids {tuple(batch_shape)}, "
                          f"got {tuple(ids.shape)}")
+    if nonempty and ids.shape[1] == 0:
+        raise ValueError(f"{name} must hold at least one token per row, got shape "
+                         f"{tuple(ids.shape)}")
     if max_positions is not None and ids.shape[1] > max_positions:
         raise ValueError(f"{name} has {ids.shape[1]} positions but the model has at most "
                          f"max_positions={max_positions}")
@@ -46,6 +49,23 @@ def check_token_ids(name: str, ids: object, vocab_size: int, max_positions: int 
         raise ValueError(f"{name} must lie in [0, {vocab_size}) (the vocabulary), found ids in "
                          f"[{int(ids.min())}, {int(ids.max())}]")
     return ids
+
+
+def check_position_ids(position_ids: Tensor, batch: int, t: int, table: int | None = None,
+                       table_name: str = "") -> None:
+    """position_ids of shape (batch, t) or (1, t) and, for a model with a learned table of
+    ``table`` positions (its config field ``table_name``), every position inside it (not checked
+    under torch.compile, where reading the values would break the graph)."""
+    if tuple(position_ids.shape) not in ((batch, t), (1, t)):
+        raise ValueError(f"position_ids must have shape (batch, t) = {(batch, t)}, "
+                         f"got {tuple(position_ids.shape)}")
+    if table is None or torch.compiler.is_compiling():
+        return
+    last = int(position_ids.max())
+    if last >= table:
+        raise ValueError(f"position {last} is outside the context: the learned table has "
+                         f"{table_name}={table} positions (prompt plus cached tokens must not "
+                         f"exceed it)")
 
 
 def check_padding_mask(name: str, mask: object, shape: tuple[int, ...]) -> Tensor | None:

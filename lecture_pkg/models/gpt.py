@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from lecture_pkg.attention import KVCache
 from lecture_pkg.checks import check_int
 from lecture_pkg.layers import EncoderLayer
-from lecture_pkg.models.common import HFInterop, check_padding_mask, check_token_ids
+from lecture_pkg.models.common import HFInterop, check_padding_mask, check_position_ids, check_token_ids
 
 __all__ = ["GPT", "GPTConfig", "GPTForSequenceClassification", "GPTOutput", "lm_batches",
            "next_token_loss"]
@@ -172,13 +172,13 @@ class GPT(HFInterop, nn.Module):
                  position_ids: Tensor | None = None, cache: list[KVCache] | None = None,
                  output_attentions: bool = False) -> tuple[Tensor, tuple[Tensor, ...] | None]:
         """The final hidden states (batch, t, n_embd), after ln_f, and the attention weights."""
-        self._check_input_ids(input_ids)
+        check_token_ids("input_ids", input_ids, self.config.vocab_size, nonempty=True)
         batch, t = input_ids.shape
         past = self._check_cache(cache)
         keep = check_padding_mask("attention_mask", attention_mask, (batch, past + t))
         if position_ids is None:
             position_ids = self._position_ids(keep, batch, past, t, input_ids.device)
-        self._check_position_ids(position_ids, batch, t)
+        check_position_ids(position_ids, batch, t, self.config.n_positions, "n_positions")
         if keep is not None and bool(keep.all()):
             keep = None  # no padding: the fused causal kernel needs no mask
         x = self.drop(self.wte(input_ids) + self.wpe(position_ids))
@@ -211,7 +211,7 @@ class GPT(HFInterop, nn.Module):
         Call ``model.eval()`` first to switch dropout off."""
         from lecture_pkg import generation
 
-        self._check_input_ids(input_ids)
+        check_token_ids("input_ids", input_ids, self.config.vocab_size, nonempty=True)
         check_int("max_new_tokens", max_new_tokens, minimum=1)
         batch, t_prompt = input_ids.shape
         context = self.config.n_positions
@@ -249,22 +249,6 @@ class GPT(HFInterop, nn.Module):
         return generation.greedy_search(step, input_ids, **common)
 
     # ---------------------------------------------------------------- argument checks
-
-    def _check_input_ids(self, input_ids: Tensor) -> None:
-        check_token_ids("input_ids", input_ids, self.config.vocab_size)
-        if input_ids.shape[1] == 0:
-            raise ValueError("input_ids must hold at least one token per row, got shape "
-                             f"{tuple(input_ids.shape)}")
-
-    def _check_position_ids(self, position_ids: Tensor, batch: int, t: int) -> None:
-        if tuple(position_ids.shape) not in ((batch, t), (1, t)):
-            raise ValueError(f"position_ids must have shape (batch, t) = {(batch, t)}, "
-                             f"got {tuple(position_ids.shape)}")
-        last = -1 if torch.compiler.is_compiling() else int(position_ids.max())  # as ids
-        if last >= self.config.n_positions:
-            raise ValueError(f"position {last} is outside the context: the model has "
-                             f"n_positions={self.config.n_positions} (prompt plus cached tokens "
-                             f"must not exceed it)")
 
     def _check_cache(self, cache: list[KVCache] | None) -> int:
         if cache is None:

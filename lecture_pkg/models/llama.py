@@ -40,7 +40,13 @@ from torch import Tensor, nn
 from lecture_pkg.attention import KVCache, grouped_query_attention
 from lecture_pkg.checks import check_int
 from lecture_pkg.layers import FeedForward, Residual, RMSNorm, make_norm
-from lecture_pkg.models.common import HFInterop, check_hf_class, check_padding_mask, check_token_ids
+from lecture_pkg.models.common import (
+    HFInterop,
+    check_hf_class,
+    check_padding_mask,
+    check_position_ids,
+    check_token_ids,
+)
 from lecture_pkg.positional import angular_frequencies, rotate_half
 
 __all__ = ["Llama", "LlamaAttention", "LlamaBlock", "LlamaConfig", "LlamaOutput",
@@ -406,7 +412,7 @@ class Llama(HFInterop, nn.Module):
                  output_attentions: bool = False) -> tuple[Tensor, tuple[Tensor, ...] | None]:
         """The final hidden states (batch, t, hidden), after the last RMSNorm, and the
         attention weights."""
-        self._check_input_ids(input_ids)
+        check_token_ids("input_ids", input_ids, self.config.vocab_size, nonempty=True)
         batch, t = input_ids.shape
         past = self._check_cache(cache)
         keep = check_padding_mask("attention_mask", attention_mask, (batch, past + t))
@@ -418,7 +424,8 @@ class Llama(HFInterop, nn.Module):
                 position_ids = position_ids.expand(batch, t)
             else:  # count real tokens only: left padding starts at position 0
                 position_ids = (keep.long().cumsum(-1) - 1).clamp(min=0)[:, past:]
-        self._check_position_ids(position_ids, batch, t)
+        table = self.config.max_position_embeddings if self.wpe is not None else None
+        check_position_ids(position_ids, batch, t, table, "max_position_embeddings")
         x = self.embed_tokens(input_ids)
         cos = sin = None
         if self.config.position_embedding == "rope":
@@ -441,22 +448,6 @@ class Llama(HFInterop, nn.Module):
         hidden, attentions = self.features(input_ids, attention_mask, position_ids, cache,
                                            output_attentions)
         return LlamaOutput(self.lm_head(hidden), hidden, attentions)
-
-    def _check_input_ids(self, input_ids: Tensor) -> None:
-        check_token_ids("input_ids", input_ids, self.config.vocab_size)
-        if input_ids.shape[1] == 0:
-            raise ValueError("input_ids must hold at least one token per row, got shape "
-                             f"{tuple(input_ids.shape)}")
-
-    def _check_position_ids(self, position_ids: Tensor, batch: int, t: int) -> None:
-        if tuple(position_ids.shape) not in ((batch, t), (1, t)):
-            raise ValueError(f"position_ids must have shape (batch, t) = {(batch, t)}, "
-                             f"got {tuple(position_ids.shape)}")
-        if self.wpe is not None:  # a learned table ends; rotations do not
-            last = -1 if torch.compiler.is_compiling() else int(position_ids.max())
-            if last >= self.config.max_position_embeddings:
-                raise ValueError(f"position {last} is outside the learned table of "
-                                 f"max_position_embeddings={self.config.max_position_embeddings}")
 
     def _check_cache(self, cache: list[KVCache] | None) -> int:
         if cache is None:
