@@ -10,7 +10,7 @@
 # Usage: OUT=/some/dir DEADLINE_S=420 [LANE_STEPS="tests attention train sweep notebooks"] \
 #          [TRAIN_RUNS="small/compiled/16 ..."] bash scripts/gpu_lane.sh [notebook ...]
 # Python packages the machine lacks (nbval, a Jupyter kernel, altair, ...) travel as wheels in
-# .whl/ (see benchmarks/RESULTS.md for the list); lecture_pkg is installed without dependencies.
+# .whl/ and are installed where missing; lecture_pkg is imported from this checkout.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT to a folder for the results}
@@ -23,12 +23,26 @@ log="$OUT/lane.log"
 say() { echo "== [$(($(date +%s) - start)) s] $*" | tee -a "$log"; }
 
 export PYTHONUNBUFFERED=1
+# Wheels only for what the machine lacks: a carried copy of a package it already has could
+# shadow a build that matches its torch or numpy.
 if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl >>"$log" 2>&1 || say "wheel install failed"
-  export PYTHONPATH=/tmp/site
+  missing=$(python3 - .whl/*.whl <<'PY'
+import importlib.metadata, re, sys
+for wheel in sys.argv[1:]:
+    name = re.sub(r"[-_.]+", "-", wheel.split("/")[-1].split("-")[0]).lower()
+    try:
+        importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        print(wheel)
+PY
+)
+  # shellcheck disable=SC2086  # a list of paths without spaces
+  [ -n "$missing" ] && { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    --upgrade --target /tmp/site $missing >>"$log" 2>&1 || say "wheel install failed"; }
+  echo "carried wheels installed: $(echo $missing | wc -w)" >>"$log"
 fi
-python3 -m pip install -q --no-deps --no-build-isolation -e . >>"$log" 2>&1 || export PYTHONPATH="$PWD:${PYTHONPATH:-}"
+# lecture_pkg from this checkout, without installing: notebook kernels inherit the path.
+export PYTHONPATH="$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; date -u;
   python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'transformers', transformers.__version__)"; } 2>&1 | tee -a "$log"
 
