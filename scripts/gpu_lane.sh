@@ -70,10 +70,11 @@ if wanted notebooks && [ "$#" -gt 0 ] && [ "$(left)" -gt 30 ]; then
   mkdir -p /tmp/notebooks
   export LECTURE_BUDGET=large MPLBACKEND=Agg OUT deadline
   # One nbval process per notebook, so that each gets its own verdict and time even when the
-  # deadline stops the others: "<notebook> rc=<status> <seconds> s" in notebooks.txt.
+  # deadline stops the others: "<notebook> rc=<status> <seconds> s" in notebooks.txt. SIGINT
+  # at the deadline lets pytest print the failures it has seen before it stops.
   printf '%s\n' "$@" | xargs -P 4 -I{} bash -c 'nb={}; name=$(basename "$nb" .ipynb); t0=$(date +%s)
-    limit=$(( deadline - t0 - 15 )); [ "$limit" -gt 10 ] || exit 0
-    timeout "$limit" python3 -m pytest -p no:cacheprovider -q --nbval-lax --nbval-current-env \
+    limit=$(( deadline - t0 - 35 )); [ "$limit" -gt 10 ] || exit 0
+    timeout -s INT -k 20 "$limit" python3 -m pytest -p no:cacheprovider -q --nbval-lax --nbval-current-env \
       --nbval-cell-timeout=300 "$nb" >"/tmp/notebooks/$name.log" 2>&1
     echo "$name rc=$? $(( $(date +%s) - t0 )) s $(tail -1 /tmp/notebooks/$name.log)" >>"$OUT/notebooks.txt"'
   cat "$OUT/notebooks.txt" | tee -a "$log"
