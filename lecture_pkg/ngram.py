@@ -23,7 +23,8 @@ Usage: ``lm = KneserNey(5).fit(train_ids, vocab_size)``; ``lm.nats_per_token(ids
 is the mean of -ln P(ids[i] | ids[i-n+1 : i]) over the positions (each predicted from the
 tokens before it in ``ids``); ``lm.window_losses(ids, starts, length)`` scores windows as a GPT
 does, each token from the tokens before it *in its window* only; ``lm.distribution(context)`` is
-the (V,) next-token distribution.
+the (V,) next-token distribution; ``lm.fill_in_scores(ids, positions, history, right)`` scores
+every candidate for a missing token from the tokens on both sides of it.
 """
 
 from __future__ import annotations
@@ -178,15 +179,66 @@ class NGramLM:
     def distribution(self, context: Sequence[int]) -> np.ndarray:
         """The (V,) float64 distribution of the token after ``context`` (its last order - 1
         tokens count)."""
+        context = list(context)
+        scores = self.fill_in_scores(context + [0], [len(context)])
+        return np.exp(scores[0])
+
+    def fill_in_scores(self, ids: Sequence[int] | np.ndarray, positions: Sequence[int],
+                       history: Sequence[int] | None = None,
+                       right: Sequence[int] | None = None) -> np.ndarray:
+        """(len(positions), V) log-scores of every token w as the token at each position i,
+        whatever ``ids[i]`` holds:
+
+            ln P(w | left) + sum_{j=1..right[i]} ln P(ids[i + j] | its context, w at i),
+
+        which is ln P(w, ids[i+1 : i+right[i]+1] | left) under the model: its argmax is the
+        model's best guess for one missing token, read from ``history[i]`` tokens before it
+        (default: all, cut at the start of ``ids``) and ``right[i]`` tokens after it (default
+        0: left context only, a row of next-token log-probabilities). Only the first
+        order - 1 tokens after i have w in their context; more do not change the argmax."""
         if not self.vocab_size:
             raise RuntimeError("call fit first")
-        context = self._check_ids(list(context) + [0], self.vocab_size)
-        ids = np.concatenate([np.repeat(context[None, :-1], self.vocab_size, 0),
-                              np.arange(self.vocab_size)[:, None]], axis=1).ravel()
-        positions = np.arange(1, self.vocab_size + 1) * len(context) - 1
-        history = np.full(self.vocab_size, len(context) - 1)
+        ids = self._check_ids(ids, self.vocab_size)
+        positions = np.asarray(positions, dtype=np.int64)
+        if positions.ndim != 1:
+            raise ValueError(f"positions must be 1-D, got shape {positions.shape}")
+        n, vocab = len(positions), self.vocab_size
+        history = positions if history is None else np.asarray(history, dtype=np.int64)
+        right = np.zeros(n, np.int64) if right is None else np.asarray(right, dtype=np.int64)
+        for name, value in (("history", history), ("right", right)):
+            if value.shape != (n,) or (n and value.min() < 0):
+                raise ValueError(f"{name} must hold one count >= 0 per position, got shape "
+                                 f"{value.shape}")
+        right = np.minimum(right, self.order - 1)
+        if n and (positions.min() < 0 or (positions + right).max() >= len(ids)
+                  or (history > positions).any()):
+            raise ValueError(f"positions (with right tokens after them) must lie in "
+                             f"[0, {len(ids)}), and history[i] <= positions[i]")
+        words = np.tile(np.arange(vocab), n)
+        scores = self._candidates(ids, positions, history, words, None).reshape(n, vocab)
+        for j in range(1, int(right.max(initial=0)) + 1):
+            use = right >= j  # ids[i + j] is read, with the candidate j tokens back
+            at = positions[use]
+            target = np.repeat(ids[at + j], vocab)
+            logp = self._candidates(ids, at + j, history[use] + j, target, (j, words[:vocab]))
+            scores[use] += logp.reshape(-1, vocab)
+        return scores
+
+    def _candidates(self, ids: np.ndarray, positions: np.ndarray, history: np.ndarray,
+                    words: np.ndarray, swap: tuple[int, np.ndarray] | None) -> np.ndarray:
+        """ln P(words) at each position repeated V times; with ``swap`` = (j, candidates),
+        the token j places back is replaced by each candidate in turn."""
+        vocab = self.vocab_size
         contexts, valid = self._queries(ids, positions, history)
-        return self._probs(contexts, valid, ids[positions])
+        contexts = [np.repeat(c, vocab) for c in contexts]
+        valid = [np.repeat(v, vocab) for v in valid]
+        if swap is not None:
+            j, candidates = swap
+            old = np.repeat(ids[positions - j], vocab)
+            new = np.tile(candidates, len(positions))
+            for m in range(j + 1, self.order + 1):  # contexts of m - 1 >= j tokens hold it
+                contexts[m - 1] = contexts[m - 1] + (new - old) * vocab ** (j - 1)
+        return np.log(self._probs(contexts, valid, words))
 
 
 class AddK(NGramLM):

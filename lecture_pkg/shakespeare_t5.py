@@ -24,11 +24,12 @@ from lecture_pkg.checks import check_int
 from lecture_pkg.data import shakespeare
 from lecture_pkg.masks import apply_span_corruption, random_spans
 from lecture_pkg.models.t5 import T5, T5Config, shift_right
+from lecture_pkg.ngram import NGramLM
 from lecture_pkg.shipped import Shipped, shipped_info, shipped_state
 
 __all__ = ["CHECKPOINT", "CHUNK", "EOS", "HELD_OUT_SEED", "NOISE", "PAD", "SENTINEL_IDS",
-           "TOKENIZER", "held_out_batches", "load_shakespeare_t5", "shakespeare_t5_info",
-           "small_config", "t5_batch", "t5_eval", "to_chunks"]
+           "TOKENIZER", "held_out_batches", "load_shakespeare_t5", "ngram_fill_in_accuracy",
+           "shakespeare_t5_info", "small_config", "t5_batch", "t5_eval", "to_chunks"]
 
 CHUNK, NOISE, MEAN_SPAN = 64, 0.15, 3.0
 CHECKPOINT = "shakespeare_t5"
@@ -65,12 +66,15 @@ def t5_batch(pool: Tensor, size: int, gen: torch.Generator) -> tuple[Tensor, ...
     return torch.tensor(inputs), torch.tensor(labels), chunks, noise
 
 
-def held_out_batches(batches: int = 8, size: int = 64,
-                     seed: int = HELD_OUT_SEED) -> list[tuple[Tensor, ...]]:
-    """The chapter's held-out evaluation: ``batches`` batches of ``size`` chunks of the test
-    works, drawn and corrupted by one generator seeded with ``seed``."""
+def held_out_batches(batches: int = 8, size: int = 64, seed: int = HELD_OUT_SEED,
+                     split: str = "test") -> list[tuple[Tensor, ...]]:
+    """The chapter's held-out evaluation: ``batches`` batches of ``size`` chunks of the works
+    of ``split`` ("test", or "validation" for watching a run), drawn and corrupted by one
+    generator seeded with ``seed``."""
     check_int("batches", batches, minimum=1)
-    pool = to_chunks(shakespeare("test"))
+    if split not in ("validation", "test"):
+        raise ValueError(f"split must be 'validation' or 'test', got {split!r}")
+    pool = to_chunks(shakespeare(split))
     gen = torch.Generator().manual_seed(seed)
     return [t5_batch(pool, size, gen) for _ in range(batches)]
 
@@ -93,6 +97,29 @@ def t5_eval(model: T5, batches: list[tuple[Tensor, ...]]) -> dict[str, float]:
             hit[kind] += right[where].sum().item()
             total[kind] += where.sum().item()
     return {f"{kind} accuracy": hit[kind] / total[kind] for kind in hit}
+
+
+def ngram_fill_in_accuracy(lm: NGramLM, batches: list[tuple[Tensor, ...]],
+                           two_sided: bool = False) -> float:
+    """The share of the dropped bytes of ``batches`` (from :func:`t5_batch`) that the count
+    model ``lm`` (fitted on the same byte ids) guesses right, among bytes only. Each byte is
+    read from the true bytes before it in its chunk, which teacher forcing also shows T5's
+    decoder; with ``two_sided``, also from the kept bytes right after it (up to
+    ``lm.order - 1``), which T5's encoder sees after a span's last byte."""
+    hits = total = 0
+    for _, _, chunks, noise in batches:
+        # visible[r, c]: how many kept bytes follow position c directly, inside the chunk
+        visible = torch.zeros(noise.shape, dtype=torch.long)
+        for c in range(CHUNK - 2, -1, -1):
+            visible[:, c] = (~noise[:, c + 1]) * (1 + visible[:, c + 1])
+        rows, cols = noise.nonzero(as_tuple=True)
+        positions = (rows * CHUNK + cols).numpy()
+        right = visible[rows, cols].numpy() if two_sided else None
+        scores = lm.fill_in_scores(chunks.flatten().numpy(), positions, cols.numpy(), right)
+        guess = scores[:, 2:SENTINEL_IDS[0]].argmax(1) + 2
+        hits += int((guess == chunks[rows, cols].numpy()).sum())
+        total += len(positions)
+    return hits / total
 
 
 def small_config() -> T5Config:

@@ -325,3 +325,52 @@ def test_tune_order_argument_checks() -> None:
         tune_order(KneserNey, TRAIN, HELD_OUT, VOCAB, orders=[0, 1])
     with pytest.raises(ValueError, match="fewer than one window"):
         tune_order(KneserNey, TRAIN, HELD_OUT, VOCAB, window=12)
+
+
+@pytest.mark.parametrize("cls", [AddK, KneserNey, ModifiedKneserNey])
+@pytest.mark.parametrize("order", [1, 2, 4])
+def test_fill_in_scores_equal_substituting_every_candidate(cls, order: int) -> None:
+    """Each candidate w written into a copy of the text, then the log-probabilities of the
+    token at i and of the next right[i] tokens summed with log_probs: the same scores."""
+    rng = np.random.default_rng(order)
+    vocab = 5
+    train = rng.integers(0, vocab, 400).tolist()
+    lm = cls(order).fit(train, vocab)
+    text = rng.integers(0, vocab, 40)
+    positions, right = np.array([0, 3, 10, 17, 30]), np.array([2, 0, 1, 3, 5])
+    scores = lm.fill_in_scores(text, positions, right=right)
+    for row, (i, r) in enumerate(zip(positions, right)):
+        for w in range(vocab):
+            filled = text.copy()
+            filled[i] = w
+            expected = lm.log_probs(filled, np.arange(i, i + min(r, order - 1) + 1)).sum()
+            assert scores[row, w] == pytest.approx(expected, abs=1e-12)
+
+
+def test_fill_in_scores_cut_the_history_as_a_window_does() -> None:
+    rng = np.random.default_rng(0)
+    lm = ModifiedKneserNey(4).fit(rng.integers(0, 6, 500), 6)
+    text = rng.integers(0, 6, 30)
+    cut = lm.fill_in_scores(text, [12], history=[1], right=[2])
+    # the same position in a text that starts one token before it
+    np.testing.assert_allclose(cut, lm.fill_in_scores(text[11:], [1], right=[2]), rtol=1e-12)
+    assert not np.allclose(cut, lm.fill_in_scores(text, [12], right=[2]))
+
+
+def test_fill_in_scores_without_right_context_are_next_token_distributions() -> None:
+    lm = ModifiedKneserNey(3).fit(np.arange(60) % 7, 7)
+    scores = lm.fill_in_scores([1, 2, 3, 4], [2, 3])
+    np.testing.assert_allclose(np.exp(scores).sum(1), 1.0, rtol=1e-12)
+    np.testing.assert_allclose(np.exp(scores[1]), lm.distribution([1, 2, 3]), rtol=1e-12)
+
+
+def test_fill_in_scores_argument_checks() -> None:
+    lm = KneserNey(3).fit([0, 1, 2, 0, 1, 2], 3)
+    with pytest.raises(ValueError, match="positions"):
+        lm.fill_in_scores([0, 1, 2], [2], right=[1])  # reads past the end
+    with pytest.raises(ValueError, match="right"):
+        lm.fill_in_scores([0, 1, 2], [1], right=[1, 1])
+    with pytest.raises(ValueError, match="history"):
+        lm.fill_in_scores([0, 1, 2], [1], history=[2])
+    with pytest.raises(RuntimeError, match="fit"):
+        KneserNey(2).fill_in_scores([0, 1], [1])

@@ -4,6 +4,7 @@ figure."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -14,6 +15,7 @@ from lecture_pkg.shakespeare_t5 import (
     TOKENIZER,
     held_out_batches,
     load_shakespeare_t5,
+    ngram_fill_in_accuracy,
     shakespeare_t5_info,
     t5_batch,
     t5_eval,
@@ -68,3 +70,34 @@ def test_shipped_checkpoint_reproduces_its_recorded_figure() -> None:
     for kind, value in got.items():
         assert value == pytest.approx(check[kind], abs=1e-3), kind
     assert figures["test"]["</s> accuracy"] > 0.5 and figures["test"]["sentinels accuracy"] > 0.5
+
+
+def test_ngram_fill_in_accuracy_against_a_loop_over_bytes_and_candidates() -> None:
+    """Each dropped byte guessed by trying every byte in a copy of its chunk: the n-gram's
+    log-probability of the byte and, two-sided, of the kept bytes right after it."""
+    from lecture_pkg.ngram import KneserNey
+
+    text = "When shall we three meet again? In thunder, lightning, or in rain. " * 20
+    pool = to_chunks(text)
+    lm = KneserNey(3).fit(pool.flatten().numpy(), TOKENIZER.vocab_size)
+    batches = [t5_batch(pool, 4, torch.Generator().manual_seed(0))]
+    _, _, chunks, noise = batches[0]
+    for two_sided in (False, True):
+        hits = total = 0
+        for r, c in noise.nonzero().tolist():
+            chunk = chunks[r].numpy()
+            right = 0
+            while two_sided and right < 2 and c + right + 1 < CHUNK and not noise[r, c + right + 1]:
+                right += 1
+            best, best_score = None, -np.inf
+            for byte in range(2, SENTINEL_IDS[0]):
+                filled = chunk.copy()
+                filled[c] = byte
+                score = lm.log_probs(filled, np.arange(c, c + right + 1)).sum()
+                if score > best_score + 1e-12:
+                    best, best_score = byte, score
+            hits += best == chunk[c]
+            total += 1
+        assert ngram_fill_in_accuracy(lm, batches, two_sided) == pytest.approx(hits / total)
+    with pytest.raises(ValueError, match="split"):
+        held_out_batches(split="train")
