@@ -442,9 +442,11 @@ def detection_ap(model: DETR, images: Tensor, target_boxes: list[Tensor],
                  target_classes: list[Tensor], iou_threshold: float = 0.5,
                  batch_size: int = 256) -> dict[str, float]:
     """Box AP at ``iou_threshold`` of every query's detection on held-out images (see
-    :func:`average_precision`); the model is put in eval mode."""
+    :func:`average_precision`); the model is put in eval mode. The images go to the model's
+    device in batches, the detections come back to the CPU, beside the targets."""
     model.eval()
-    parts = [model.predict(images[i:i + batch_size])
+    device = next(model.parameters()).device
+    parts = [[t.cpu() for t in model.predict(images[i:i + batch_size].to(device))]
              for i in range(0, len(images), batch_size)]
     boxes, scores, classes = (torch.cat(p) for p in zip(*parts))
     return average_precision(list(boxes), list(scores), list(classes), target_boxes,

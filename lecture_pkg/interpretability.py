@@ -116,7 +116,7 @@ def _copy_positions(lengths: Tensor, t: int) -> tuple[Tensor, Tensor]:
         raise ValueError("lengths must be a (batch,) tensor of repeat lengths")
     if bool((lengths < 2).any()) or bool((2 * lengths > t).any()):
         raise ValueError(f"lengths must lie in [2, t // 2 = {t // 2}], got {lengths.tolist()}")
-    token = torch.arange(1, t)[None]
+    token = torch.arange(1, t, device=lengths.device)[None]
     return token < lengths[:, None], token > lengths[:, None]
 
 
@@ -138,6 +138,7 @@ def repeat_losses(model: nn.Module, ids: Tensor, lengths: Tensor) -> tuple[float
                          f"{len(lengths)}, got {getattr(ids, 'shape', type(ids).__name__)}")
     first, second = _copy_positions(lengths, ids.shape[1])
     loss = token_losses(model, ids)
+    first, second = first.to(loss.device), second.to(loss.device)
     return loss[first].mean().item(), loss[second].mean().item()
 
 
@@ -346,7 +347,8 @@ def ov_copying_scores(model: GPT) -> Tensor:
     for layer in range(len(model.blocks)):
         for h in range(heads):
             circuit = embed @ head_weights(model, layer, h)["W_OV"] @ unembed
-            own = circuit.argmax(dim=-1) == torch.arange(circuit.shape[0])
+            own = circuit.argmax(dim=-1) == torch.arange(circuit.shape[0],
+                                                         device=circuit.device)
             scores[layer, h] = own.float().mean()
     return scores
 

@@ -16,6 +16,7 @@ from lecture_pkg.detection import (
     box_cxcywh_to_xyxy,
     box_iou,
     box_xyxy_to_cxcywh,
+    detection_ap,
     detr_loss,
     generalized_box_iou,
     hungarian,
@@ -257,6 +258,33 @@ def test_ap_iou_threshold_and_class() -> None:
     assert average_precision(shifted, one, gcls, gt, gcls, 3, 0.7)["ap"] == 0.0
     wrong_class = [torch.tensor([2])]
     assert average_precision(shifted, one, wrong_class, gt, gcls, 3)["ap"] == 0.0
+
+
+def test_detection_ap_sends_images_to_the_models_device() -> None:
+    # a stand-in for DETR whose weights sit on the meta device: detection_ap must hand it
+    # images on that device (the CPU ones would fail on a GPU) and bring its CPU detections
+    # to the targets
+    gt = [torch.tensor([box(0.3, 0.3)]), torch.tensor([box(0.7, 0.7)])]
+    cls = [torch.tensor([0]), torch.tensor([1])]
+
+    class OnMeta(torch.nn.Module):
+        config = type("Config", (), {"num_classes": 2})()
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(1, device="meta"))
+            self.seen: list[torch.device] = []
+
+        def predict(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            self.seen.append(images.device)
+            rows = slice(len(self.seen) - 1, len(self.seen))  # batch_size=1: one image
+            return (torch.stack(gt)[rows], torch.ones(1, 1),
+                    torch.stack(cls)[rows])
+
+    model = OnMeta()
+    result = detection_ap(model, torch.zeros(2, 3, 8, 8), gt, cls, batch_size=1)
+    assert model.seen == [torch.device("meta")] * 2 and not model.training
+    assert result["ap"] == 1.0
 
 
 def test_ap_rejects_bad_input() -> None:
