@@ -92,6 +92,15 @@ class NGramLM:
         self._build()
         return self
 
+    def _fit_from(self, other: NGramLM) -> NGramLM:
+        """Fit from the counts of ``other``, fitted with an order at least this one: the same
+        model as ``fit`` on other's ids, without counting them again."""
+        if not other.vocab_size or other.order < self.order:
+            raise ValueError(f"other must be fitted with an order >= {self.order}")
+        self.vocab_size, self.raw = other.vocab_size, other.raw[: self.order]
+        self._build()
+        return self
+
     def _build(self) -> None:
         raise NotImplementedError
 
@@ -410,8 +419,9 @@ def tune_order(make: Callable[[int], NGramLM], train: Sequence[int] | np.ndarray
                          f"{window}")
     scores: dict[int, float] = {}
     best: NGramLM | None = None
-    for order in orders:  # one fitted model at a time: high orders hold many counts
-        model = make(order).fit(train, vocab_size)
+    counted = make(orders[-1]).fit(train, vocab_size)  # every order's n-grams, counted once
+    for order in orders:
+        model = counted if order == counted.order else make(order)._fit_from(counted)
         scores[order] = _validation_loss(model, validation, window)
         if best is None or scores[order] < scores[best.order]:
             best = model

@@ -17,14 +17,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lecture_pkg.char_tokenizers import MASK, PAD, MLMChars
+from lecture_pkg.char_tokenizers import MASK, PAD, SPECIALS, MLMChars
 from lecture_pkg.checks import check_int
 from lecture_pkg.masks import IGNORE_INDEX, mlm_mask
 from lecture_pkg.models.bert import BertConfig, BertForPreTraining
+from lecture_pkg.ngram import NGramLM
 from lecture_pkg.shipped import Shipped, shipped_info, shipped_state
 
 __all__ = ["CHECKPOINT", "CountRules", "held_out_batch", "load_shakespeare_bert",
@@ -106,17 +108,23 @@ class CountRules:
       selected tokens left unchanged), the unigram guess under ``[MASK]``;
     - ``neighbours``: copy, and under ``[MASK]`` the token seen most often between the same
       left and right neighbours; where a neighbour is masked or outside the window, the most
-      frequent successor of the left one, then the unigram guess.
+      frequent successor of the left one, then the unigram guess;
+    - ``kneser-ney`` (with ``lm``, an n-gram model fitted on the same ids): copy, and under
+      ``[MASK]`` the character the n-gram finds likeliest with the unmasked characters on
+      both sides of it inside the window (:meth:`lecture_pkg.ngram.NGramLM.fill_in_scores`).
     """
 
-    RULES = ("unigram", "copy", "neighbours")
+    RULES = ("unigram", "copy", "neighbours", "kneser-ney")
 
-    def __init__(self, ids: Tensor, vocab_size: int) -> None:
+    def __init__(self, ids: Tensor, vocab_size: int, lm: NGramLM | None = None) -> None:
         _check_stream(ids, 3)
         check_int("vocab_size", vocab_size, minimum=1)
         if int(ids.max()) >= vocab_size:
             raise ValueError(f"ids hold {int(ids.max())}, outside vocab_size {vocab_size}")
-        self.vocab_size = vocab_size
+        if lm is not None and lm.vocab_size != vocab_size:
+            raise ValueError(f"lm must be fitted with vocab_size {vocab_size}, got "
+                             f"{lm.vocab_size or 'an unfitted model'}")
+        self.vocab_size, self.lm = vocab_size, lm
         self.unigram = int(ids.bincount(minlength=vocab_size).argmax())
         self.between = _most_frequent_middle(ids[:-2], ids[2:], ids[1:-1], vocab_size)
         zeros = torch.zeros_like(ids[1:])
@@ -129,6 +137,8 @@ class CountRules:
         guess = torch.full_like(inputs, self.unigram)
         if rule == "unigram":
             return guess
+        if rule == "kneser-ney":
+            guess = self._fill_in(inputs)
         if rule == "neighbours":
             padded = F.pad(inputs, (1, 1), value=MASK)
             left, right = padded[:, :-2], padded[:, 2:]
@@ -138,6 +148,26 @@ class CountRules:
             guess = torch.where(by_left >= 0, by_left, guess)
             guess = torch.where(both >= 0, both, guess)
         return torch.where(inputs == MASK, guess, inputs)
+
+    def _fill_in(self, inputs: Tensor) -> Tensor:
+        """The n-gram's guess at every ``[MASK]`` from the runs of unmasked tokens that touch
+        it on the left and on the right, inside its row; other positions keep the input."""
+        if self.lm is None:
+            raise ValueError("rule 'kneser-ney' needs CountRules(ids, vocab_size, lm=...)")
+        masked = inputs == MASK
+        before, after = torch.zeros_like(inputs), torch.zeros_like(inputs)
+        for c in range(1, inputs.shape[1]):  # unmasked tokens directly before column c
+            before[:, c] = (~masked[:, c - 1]) * (1 + before[:, c - 1])
+        for c in range(inputs.shape[1] - 2, -1, -1):  # ... and directly after it
+            after[:, c] = (~masked[:, c + 1]) * (1 + after[:, c + 1])
+        rows, cols = masked.nonzero(as_tuple=True)
+        scores = self.lm.fill_in_scores(
+            inputs.flatten().numpy(), (rows * inputs.shape[1] + cols).numpy(),
+            before[rows, cols].numpy(), after[rows, cols].numpy())
+        scores[:, :len(SPECIALS)] = -np.inf  # a character, never a special token
+        guess = inputs.clone()
+        guess[rows, cols] = torch.from_numpy(scores.argmax(1))
+        return guess
 
 
 @torch.no_grad()

@@ -89,8 +89,10 @@ def test_count_rules_match_a_plain_python_reference() -> None:
     inputs[torch.rand(20, 15, generator=gen) < 0.3] = MASK
     rules = CountRules(stream, vocab_size)
     expected = reference_rules(stream.tolist(), inputs.tolist())
-    for rule in CountRules.RULES:
+    for rule in ("unigram", "copy", "neighbours"):
         assert rules.predict(inputs, rule).tolist() == expected[rule], rule
+    with pytest.raises(ValueError, match="lm"):
+        rules.predict(inputs, "kneser-ney")
     with pytest.raises(ValueError, match="rule"):
         rules.predict(inputs, "trigram")
     with pytest.raises(ValueError, match="vocab_size"):
@@ -118,3 +120,38 @@ def test_shipped_checkpoint_reproduces_its_recorded_figure() -> None:
     assert masked_accuracy(rules.predict(inputs, "neighbours"), labels) == pytest.approx(
         check["neighbours"], abs=1e-6)
     assert figures["test_slice"]["accuracy"] > figures["test_slice"]["neighbours"]
+
+
+def test_kneser_ney_rule_against_trying_every_character() -> None:
+    """Under each [MASK], every character written into the run of unmasked tokens around it,
+    scored by the n-gram's log_probs on that stretch alone: the best one is the rule's."""
+    import numpy as np
+
+    from lecture_pkg.ngram import ModifiedKneserNey
+
+    gen = torch.Generator().manual_seed(1)
+    vocab_size, order = 9, 3
+    stream = torch.randint(5, vocab_size, (3000,), generator=gen)
+    inputs = torch.randint(5, vocab_size, (10, 12), generator=gen)
+    inputs[torch.rand(10, 12, generator=gen) < 0.3] = MASK
+    lm = ModifiedKneserNey(order).fit(stream.numpy(), vocab_size)
+    predicted = CountRules(stream, vocab_size, lm=lm).predict(inputs, "kneser-ney")
+    for r, row in enumerate(inputs.tolist()):
+        for i, x in enumerate(row):
+            if x != MASK:
+                assert predicted[r, i] == x
+                continue
+            start, end = i, i + 1
+            while start > 0 and row[start - 1] != MASK:
+                start -= 1
+            while end < len(row) and row[end] != MASK:
+                end += 1
+            scores = {}
+            for w in range(5, vocab_size):
+                stretch = np.array(row[start:end])
+                stretch[i - start] = w
+                last = min(i - start + order - 1, len(stretch) - 1)
+                scores[w] = lm.log_probs(stretch, np.arange(i - start, last + 1)).sum()
+            assert predicted[r, i] == max(scores, key=lambda w: (scores[w], -w))
+    with pytest.raises(ValueError, match="lm"):
+        CountRules(stream, vocab_size + 1, lm=lm)
