@@ -75,14 +75,15 @@ def grpo_train(model: GPT, reference: GPT, tokenizer: ChatTokenizer,
                eval_every: int = 0) -> GRPORun:
     """GRPO from a copy of ``model``, with ``reference`` (frozen) in the KL penalty.
 
-    Each step draws ``prompts`` items (with replacement, from a CPU generator seeded with
-    ``seed``), samples ``group`` answers to each (a device generator seeded with ``seed``),
-    scores them with ``reward_fn(texts, items) -> (batch,)`` float rewards, and takes
-    ``inner_steps`` AdamW steps on ``grpo_loss`` (PPO's clip against the batch's sampling
-    policy, ``beta`` times the k3 KL to ``reference``; gradients clipped to norm 1). The first
-    inner step sees ratio 1; later ones see the ratio move. ``evaluate(policy)`` runs before the
-    first step, every ``eval_every`` steps (0: never in between) and after the last; it must
-    draw its own random numbers (a generator of its own), not the loop's.
+    Each step draws ``prompts`` items (with replacement, from a CPU generator seeded
+    with ``seed``), samples ``group`` answers to each (a device generator seeded
+    with ``seed``), scores them with ``reward_fn(texts, items) -> (batch,)`` float
+    rewards, and takes ``inner_steps`` AdamW steps on ``grpo_loss`` (PPO's clip
+    against the batch's sampling policy, ``beta`` times the k3 KL to ``reference``;
+    gradients clipped to norm 1). The first inner step sees ratio 1; later ones see
+    the ratio move. ``evaluate(policy)`` runs before the first step, every
+    ``eval_every`` steps (0: never in between) and after the last; it must draw its
+    own random numbers (a generator of its own), not the loop's.
     """
     check_int("steps", steps, minimum=1)
     check_int("prompts", prompts, minimum=1)
@@ -109,15 +110,16 @@ def grpo_train(model: GPT, reference: GPT, tokenizer: ChatTokenizer,
 
     measure(0)
     for step in range(steps):
-        batch = [items[int(i)] for i in torch.randint(len(items), (prompts,), generator=picks)]
+        drawn = torch.randint(len(items), (prompts,), generator=picks)
+        batch = [items[int(i)] for i in drawn]
         batch = [it for it in batch for _ in range(group)]
         out = generate_answers(policy, tokenizer, [it.prompt for it in batch],
                                max_new_tokens=max_new_tokens, do_sample=True,
                                generator=sampler)
         rewards = reward_fn(out.texts, batch).float().cpu()
         if rewards.shape != (len(batch),):
-            raise ValueError(f"reward_fn must return ({len(batch)},) rewards, got shape "
-                             f"{tuple(rewards.shape)}")
+            raise ValueError(f"reward_fn must return ({len(batch)},) rewards, got "
+                             f"shape {tuple(rewards.shape)}")
         advantages = group_advantages(rewards, group).to(device)
         by_group = rewards.view(prompts, group)
         mixed = (by_group.max(1).values > by_group.min(1).values).float().mean()
@@ -206,6 +208,7 @@ def kl_loss_gradient(logits: Tensor, reference_logprobs: Tensor, how: str) -> Te
         penalty = (logp - reference_logprobs).detach()
         objective = (weights * penalty * logp).sum()
     else:
-        raise ValueError(f"how must be 'k1 loss', 'k3 loss' or 'k1 reward', got {how!r}")
+        raise ValueError("how must be 'k1 loss', 'k3 loss' or 'k1 reward', "
+                         f"got {how!r}")
     (grad,) = torch.autograd.grad(objective, theta)
     return grad
