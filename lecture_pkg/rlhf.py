@@ -1,0 +1,214 @@
+"""RL against a reward, as chapter 10 runs it: the GRPO loop, the exact KL between two
+policies' next-token distributions, and what each KL estimator does when it is used as a loss.
+
+* :func:`grpo_train`: group-relative policy optimisation (Shao et al. 2024) of a copy of a
+  language model against any reward function of the answers, with the losses of
+  :mod:`lecture_pkg.alignment`. Each step samples ``group`` answers for each of ``prompts``
+  prompts, scores them, and takes ``inner_steps`` clipped gradient steps on the batch. The
+  reward may be a known rule (the gold reward) or a learned reward model (a proxy); extra
+  quantities of each batch (for example the gold reward of answers optimised against a proxy)
+  are logged through ``log_fn``, and held-out measurements through ``evaluate``.
+* :func:`exact_kl`: KL(p || q) between two models' full next-token distributions, per position
+  (batch, t). Averaged over the answer tokens of a fixed set of held-out prompts it tracks how
+  far a policy has moved, without the noise of a per-batch sample estimate.
+* :func:`kl_loss_gradient`: for one categorical distribution pi = softmax(theta), the exact
+  expected gradient, over answers sampled from pi, of each way of putting a KL penalty into
+  the objective: the k1 or k3 estimate as a loss term (GRPO puts k3 there), or k1 folded into
+  the reward that the policy gradient weights (InstructGPT, Ziegler et al. 2019). Only the
+  last is the gradient of KL(pi || pi_ref); k3 as a loss has the gradient of
+  KL(pi_ref || pi), and k1 as a loss has none.
+
+Shapes: token ids (batch, t); per-token quantities (batch, t - 1), aligned with the targets
+``input_ids[:, 1:]``; rewards (batch,).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from typing import NamedTuple, Protocol
+
+import torch
+from torch import Tensor
+
+from lecture_pkg.alignment import (
+    ChatTokenizer,
+    generate_answers,
+    group_advantages,
+    grpo_loss,
+    kl_penalty,
+)
+from lecture_pkg.checks import check_bool_mask, check_float_tensor, check_int
+from lecture_pkg.lm_eval import token_logprobs
+from lecture_pkg.models.gpt import GPT
+
+__all__ = ["GRPORun", "exact_kl", "grpo_train", "kl_loss_gradient", "masked_answer_kl"]
+
+
+class _Prompted(Protocol):
+    prompt: str
+
+
+RewardFn = Callable[[list[str], list], Tensor]
+
+
+class GRPORun(NamedTuple):
+    """What :func:`grpo_train` returns.
+
+    policy: the trained copy (eval mode); curve: one dict per step with the batch's mean
+    ``reward``, its k3 ``kl`` estimate, the share of ``mixed`` groups (not all rewards equal)
+    and whatever ``log_fn`` returned; evals: one dict per evaluation, with its ``step`` (0 is
+    before any update, ``steps`` after the last) and whatever ``evaluate`` returned.
+    """
+
+    policy: GPT
+    curve: list[dict[str, float]]
+    evals: list[dict[str, float]]
+
+
+def grpo_train(model: GPT, reference: GPT, tokenizer: ChatTokenizer,
+               items: Sequence[_Prompted], reward_fn: RewardFn, steps: int, beta: float,
+               seed: int, *, prompts: int = 4, group: int = 8, lr: float = 3e-4,
+               clip_eps: float = 0.2, inner_steps: int = 2, max_new_tokens: int = 12,
+               log_fn: Callable[[list[str], list], dict[str, float]] | None = None,
+               evaluate: Callable[[GPT], dict[str, float]] | None = None,
+               eval_every: int = 0) -> GRPORun:
+    """GRPO from a copy of ``model``, with ``reference`` (frozen) in the KL penalty.
+
+    Each step draws ``prompts`` items (with replacement, from a CPU generator seeded
+    with ``seed``), samples ``group`` answers to each (a device generator seeded
+    with ``seed``), scores them with ``reward_fn(texts, items) -> (batch,)`` float
+    rewards, and takes ``inner_steps`` AdamW steps on ``grpo_loss`` (PPO's clip
+    against the batch's sampling policy, ``beta`` times the k3 KL to ``reference``;
+    gradients clipped to norm 1). The first inner step sees ratio 1; later ones see
+    the ratio move. ``evaluate(policy)`` runs before the first step, every
+    ``eval_every`` steps (0: never in between) and after the last; it must draw its
+    own random numbers (a generator of its own), not the loop's.
+    """
+    check_int("steps", steps, minimum=1)
+    check_int("prompts", prompts, minimum=1)
+    check_int("group", group, minimum=2)
+    check_int("inner_steps", inner_steps, minimum=1)
+    check_int("eval_every", eval_every, minimum=0)
+    check_int("seed", seed, minimum=0)
+    if not items:
+        raise ValueError("items must be a non-empty sequence of prompted items")
+    if beta < 0:
+        raise ValueError(f"beta must be >= 0, got {beta}")
+    device = next(model.parameters()).device
+    policy = copy.deepcopy(model)
+    reference.eval()
+    opt = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0)
+    sampler = torch.Generator(device=device).manual_seed(seed)
+    picks = torch.Generator().manual_seed(seed)
+    curve: list[dict[str, float]] = []
+    evals: list[dict[str, float]] = []
+
+    def measure(step: int) -> None:
+        if evaluate is not None:
+            evals.append({"step": step, **evaluate(policy.eval())})
+
+    measure(0)
+    for step in range(steps):
+        drawn = torch.randint(len(items), (prompts,), generator=picks)
+        batch = [items[int(i)] for i in drawn]
+        batch = [it for it in batch for _ in range(group)]
+        out = generate_answers(policy, tokenizer, [it.prompt for it in batch],
+                               max_new_tokens=max_new_tokens, do_sample=True,
+                               generator=sampler)
+        rewards = reward_fn(out.texts, batch).float().cpu()
+        if rewards.shape != (len(batch),):
+            raise ValueError(f"reward_fn must return ({len(batch)},) rewards, got "
+                             f"shape {tuple(rewards.shape)}")
+        advantages = group_advantages(rewards, group).to(device)
+        by_group = rewards.view(prompts, group)
+        mixed = (by_group.max(1).values > by_group.min(1).values).float().mean()
+        mask = out.completion_mask[:, 1:]
+        with torch.no_grad():
+            old = token_logprobs(policy(out.ids, out.attention_mask).logits, out.ids)
+            ref = token_logprobs(reference(out.ids, out.attention_mask).logits, out.ids)
+        policy.train()
+        for inner in range(inner_steps):
+            logp = token_logprobs(policy(out.ids, out.attention_mask).logits, out.ids)
+            loss, kl = grpo_loss(logp, old, ref, advantages, mask, clip_eps, beta)
+            if inner == 0:
+                row = {"step": step, "reward": rewards.mean().item(), "kl": kl.item(),
+                       "mixed": mixed.item()}
+                if log_fn is not None:
+                    row.update(log_fn(out.texts, batch))
+                curve.append(row)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad()
+        if eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
+            measure(step + 1)
+    measure(steps)
+    return GRPORun(policy.eval(), curve, evals)
+
+
+def exact_kl(logits: Tensor, reference_logits: Tensor) -> Tensor:
+    """KL(p || q) of the next-token distributions p = softmax(logits) and
+    q = softmax(reference_logits) at every position, in float32 or wider.
+
+    logits, reference_logits: (batch, t, vocab) -> (batch, t). Summed over the whole vocabulary,
+    so it is the exact divergence, not a sample estimate.
+    """
+    check_float_tensor("logits", logits)
+    check_float_tensor("reference_logits", reference_logits)
+    if logits.shape != reference_logits.shape or logits.dim() != 3:
+        raise ValueError(f"logits and reference_logits must both be (batch, t, vocab), got "
+                         f"{tuple(logits.shape)} and {tuple(reference_logits.shape)}")
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    logp = torch.log_softmax(logits.to(dtype), -1)
+    logq = torch.log_softmax(reference_logits.to(dtype), -1)
+    return (logp.exp() * (logp - logq)).sum(-1)
+
+
+def masked_answer_kl(logits: Tensor, reference_logits: Tensor, completion_mask: Tensor
+                     ) -> Tensor:
+    """Mean exact per-token KL(pi || pi_ref) over the answer tokens of a batch (a scalar).
+
+    logits, reference_logits: (batch, t, vocab) of the same ids; completion_mask: (batch, t)
+    bool, True on the answer tokens (as :class:`~lecture_pkg.alignment.Rollout` gives it). The
+    distribution that predicts answer token i sits at position i - 1.
+    """
+    check_bool_mask("completion_mask", completion_mask)
+    if completion_mask.shape != logits.shape[:2]:
+        raise ValueError(f"completion_mask must be {tuple(logits.shape[:2])}, got "
+                         f"{tuple(completion_mask.shape)}")
+    kl = exact_kl(logits[:, :-1], reference_logits[:, :-1])
+    mask = completion_mask[:, 1:]
+    return (kl * mask).sum() / mask.sum().clamp(min=1)
+
+
+def kl_loss_gradient(logits: Tensor, reference_logprobs: Tensor, how: str) -> Tensor:
+    """Exact expected gradient with respect to ``logits`` of a KL penalty built from samples
+    y ~ pi = softmax(logits) of one categorical distribution, (vocab,) -> (vocab,).
+
+    ``how``: "k1 loss" or "k3 loss": the estimator (:func:`~lecture_pkg.alignment.kl_penalty`)
+    averaged over samples as a term of the loss, differentiated through log pi(y) with the
+    samples fixed (what autograd does to GRPO's KL term); "k1 reward": k1 = log pi(y) -
+    log pi_ref(y) subtracted from the reward, so the score-function (REINFORCE) gradient
+    E[k1(y) * grad log pi(y)] carries it (InstructGPT's per-token penalty). The expectation is
+    the sum over the vocabulary weighted by pi, computed exactly.
+    """
+    check_float_tensor("logits", logits)
+    check_float_tensor("reference_logprobs", reference_logprobs)
+    if logits.dim() != 1 or logits.shape != reference_logprobs.shape:
+        raise ValueError(f"logits and reference_logprobs must both be (vocab,), got "
+                         f"{tuple(logits.shape)} and {tuple(reference_logprobs.shape)}")
+    theta = logits.detach().clone().requires_grad_(True)
+    logp = torch.log_softmax(theta, -1)
+    weights = logp.detach().exp()  # the sampling distribution: not differentiated
+    if how in ("k1 loss", "k3 loss"):
+        per_answer = kl_penalty(logp, reference_logprobs, how.split()[0])
+        objective = (weights * per_answer).sum()
+    elif how == "k1 reward":
+        penalty = (logp - reference_logprobs).detach()
+        objective = (weights * penalty * logp).sum()
+    else:
+        raise ValueError("how must be 'k1 loss', 'k3 loss' or 'k1 reward', "
+                         f"got {how!r}")
+    (grad,) = torch.autograd.grad(objective, theta)
+    return grad

@@ -1,0 +1,171 @@
+"""lecture_pkg.rlhf: the exact KL against torch's kl_div and a float64 loop, the KL estimators'
+expected gradients against their closed forms, and the GRPO loop against one step written out
+by hand from the losses."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lecture_pkg.alignment import generate_answers, group_advantages, kl_penalty
+from lecture_pkg.char_tokenizers import CharTokenizer
+from lecture_pkg.lm_eval import token_logprobs
+from lecture_pkg.models.gpt import GPT, GPTConfig
+from lecture_pkg.rlhf import exact_kl, grpo_train, kl_loss_gradient, masked_answer_kl
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> CharTokenizer:
+    return CharTokenizer.from_text("abcdefghij ?")
+
+
+def tiny_gpt(tokenizer: CharTokenizer, seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(vocab_size=tokenizer.vocab_size, n_positions=48, n_embd=16, n_layer=1,
+                         n_head=2, dropout=0.0, embd_dropout=0.0)).eval()
+
+
+class Item:
+    def __init__(self, prompt: str) -> None:
+        self.prompt = prompt
+
+
+def test_exact_kl_matches_kl_div_and_a_float64_loop():
+    gen = torch.Generator().manual_seed(0)
+    p_logits = torch.randn(2, 3, 7, generator=gen, dtype=torch.float64)
+    q_logits = torch.randn(2, 3, 7, generator=gen, dtype=torch.float64)
+    got = exact_kl(p_logits, q_logits)
+    by_torch = F.kl_div(q_logits.log_softmax(-1), p_logits.log_softmax(-1), log_target=True,
+                        reduction="none").sum(-1)
+    torch.testing.assert_close(got, by_torch)
+    p, q = p_logits.softmax(-1).tolist(), q_logits.softmax(-1).tolist()
+    for b in range(2):
+        for t in range(3):
+            loop = sum(pi * math.log(pi / qi) for pi, qi in zip(p[b][t], q[b][t]))
+            assert got[b, t].item() == pytest.approx(loop, abs=1e-12)
+    assert exact_kl(p_logits, p_logits).abs().max() < 1e-12
+    with pytest.raises(ValueError, match="batch, t, vocab"):
+        exact_kl(p_logits[0], q_logits[0])
+
+
+def test_masked_answer_kl_averages_the_answer_positions_only():
+    gen = torch.Generator().manual_seed(1)
+    a, b = (torch.randn(2, 5, 6, generator=gen, dtype=torch.float64) for _ in range(2))
+    mask = torch.tensor([[0, 0, 1, 1, 0], [0, 1, 1, 1, 1]], dtype=torch.bool)
+    per = exact_kl(a, b)  # the distribution at position i - 1 predicts answer token i
+    expected = torch.stack([per[0, 1], per[0, 2], per[1, 0], per[1, 1], per[1, 2],
+                            per[1, 3]]).mean()
+    torch.testing.assert_close(masked_answer_kl(a, b, mask), expected)
+    with pytest.raises(ValueError, match="completion_mask"):
+        masked_answer_kl(a, b, mask[:, :4])
+
+
+def test_k1_and_k3_estimate_the_exact_kl_without_bias():
+    gen = torch.Generator().manual_seed(2)
+    p_logits, q_logits = (torch.randn(8, generator=gen, dtype=torch.float64) for _ in range(2))
+    exact = exact_kl(p_logits.view(1, 1, 8), q_logits.view(1, 1, 8)).item()
+    logp, logq = p_logits.log_softmax(-1), q_logits.log_softmax(-1)
+    p = logp.exp()
+    # expectations over y ~ p computed exactly (a weighted sum over the vocabulary)
+    for estimator in ("k1", "k3"):
+        mean = (p * kl_penalty(logp, logq, estimator)).sum().item()
+        assert mean == pytest.approx(exact, abs=1e-12), estimator
+
+
+def test_kl_loss_gradients_equal_their_closed_forms():
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(5):
+        theta = torch.randn(8, generator=gen, dtype=torch.float64)
+        ref = torch.randn(8, generator=gen, dtype=torch.float64).log_softmax(-1)
+        pi = theta.softmax(-1)
+        logpi = theta.log_softmax(-1)
+        reverse = (pi * (logpi - ref)).sum()
+        # closed forms for pi = softmax(theta)
+        grad_reverse = pi * (logpi - ref - reverse)  # d KL(pi || ref) / d theta
+        grad_forward = pi - ref.exp()  # d KL(ref || pi) / d theta
+        # and by autograd on the exact divergences, as a second reference
+        t = theta.clone().requires_grad_(True)
+        (auto_reverse,) = torch.autograd.grad(
+            (t.softmax(-1) * (t.log_softmax(-1) - ref)).sum(), t)
+        torch.testing.assert_close(grad_reverse, auto_reverse)
+        torch.testing.assert_close(kl_loss_gradient(theta, ref, "k1 reward"), grad_reverse)
+        torch.testing.assert_close(kl_loss_gradient(theta, ref, "k3 loss"), grad_forward)
+        assert kl_loss_gradient(theta, ref, "k1 loss").abs().max() < 1e-12
+        assert (kl_loss_gradient(theta, ref, "k3 loss") - grad_reverse).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="how must be"):
+        kl_loss_gradient(theta, ref, "k2 loss")
+
+
+def test_grpo_train_one_step_equals_the_step_written_out(tokenizer):
+    model = tiny_gpt(tokenizer)
+    reference = tiny_gpt(tokenizer, seed=1)
+    items = [Item(p) for p in ("abc", "ba", "cab ?", "j")]
+
+    def reward(texts, batch):
+        return torch.tensor([float(t.count("a")) for t in texts])
+
+    run = grpo_train(model, reference, tokenizer, items, reward, steps=1, beta=0.1, seed=5,
+                     prompts=2, group=3, lr=1e-2, inner_steps=1)
+    # the same step by hand
+    policy = copy.deepcopy(model)
+    opt = torch.optim.AdamW(policy.parameters(), lr=1e-2, weight_decay=0.0)
+    picks = torch.Generator().manual_seed(5)
+    batch = [items[int(i)] for i in torch.randint(4, (2,), generator=picks)]
+    batch = [it for it in batch for _ in range(3)]
+    out = generate_answers(policy, tokenizer, [it.prompt for it in batch], do_sample=True,
+                           generator=torch.Generator().manual_seed(5))
+    adv = group_advantages(reward(out.texts, batch), 3)
+    mask = out.completion_mask[:, 1:]
+    with torch.no_grad():
+        ref = token_logprobs(reference(out.ids, out.attention_mask).logits, out.ids)
+    logp = token_logprobs(policy.train()(out.ids, out.attention_mask).logits, out.ids)
+    # first pass: ratio 1, so the clipped surrogate's gradient is that of -A log pi per token
+    surrogate = -(adv[:, None] * logp * mask).sum() / mask.sum()
+    d = ref - logp
+    kl = ((torch.exp(d) - d - 1) * mask).sum() / mask.sum()
+    (surrogate + 0.1 * kl).backward()
+    torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+    opt.step()
+    assert run.curve[0]["kl"] == pytest.approx(kl.item(), abs=1e-6)
+    assert run.curve[0]["reward"] == pytest.approx(reward(out.texts, batch).mean().item())
+    for a, b in zip(run.policy.parameters(), policy.parameters()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_grpo_train_learns_nothing_from_equal_rewards_and_is_seeded(tokenizer):
+    model = tiny_gpt(tokenizer)
+    items = [Item(p) for p in ("abc", "ba", "cab ?")]
+
+    def constant(texts, batch):
+        return torch.ones(len(texts))
+
+    seen = []
+
+    def evaluate(policy):
+        seen.append(policy.training)
+        return {"n": 1.0}
+
+    run = grpo_train(model, model, tokenizer, items, constant, steps=3, beta=0.0, seed=0,
+                     prompts=2, group=2, evaluate=evaluate, eval_every=2)
+    assert [e["step"] for e in run.evals] == [0, 2, 3] and not any(seen)
+    for a, b in zip(run.policy.parameters(), model.parameters()):
+        torch.testing.assert_close(a, b)  # zero advantages, no KL: no gradient at all
+    assert all(c["mixed"] == 0 for c in run.curve)
+
+    def count_a(texts, batch):
+        return torch.tensor([float(t.count("a")) for t in texts])
+
+    first = grpo_train(model, model, tokenizer, items, count_a, steps=2, beta=0.04, seed=3,
+                       prompts=2, group=2, log_fn=lambda t, b: {"length": 1.0})
+    again = grpo_train(model, model, tokenizer, items, count_a, steps=2, beta=0.04, seed=3,
+                       prompts=2, group=2, log_fn=lambda t, b: {"length": 1.0})
+    assert first.curve == again.curve and first.curve[0]["length"] == 1.0
+    with pytest.raises(ValueError, match="reward_fn must return"):
+        grpo_train(model, model, tokenizer, items, lambda t, b: torch.ones(1), steps=1,
+                   beta=0.0, seed=0, prompts=2, group=2)
+    with pytest.raises(ValueError, match="beta"):
+        grpo_train(model, model, tokenizer, items, constant, steps=1, beta=-1.0, seed=0)
