@@ -5,7 +5,7 @@
 * :class:`MLMChars` (the character BERT, 7.1): the BERT special tokens of :data:`SPECIALS`
   (ids :data:`PAD`, :data:`UNK`, :data:`CLS`, :data:`SEP`, :data:`MASK`), then one id per
   character of the lower-cased text (:func:`normalise`).
-* :class:`ByteTokenizer` (the byte T5, 7.6): ``<pad>``, ``</s>``, the 256 UTF-8 bytes, then
+* :class:`ByteTokenizer` (the byte T5, 7.7): ``<pad>``, ``</s>``, the 256 UTF-8 bytes, then
   T5's sentinels ``<extra_id_0>``, ....
 
 Each has ``encode`` (text -> ids), ``decode`` (ids -> text), ``itos`` (the token of each id)

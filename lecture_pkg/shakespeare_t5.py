@@ -1,5 +1,5 @@
 """The book's small byte-level T5, pretrained by span corruption on the bytes of Shakespeare as
-chapter 7.6 does it: the batches (64-byte chunks, T5's noise 0.15 and mean span 3, corrupted
+chapter 7.7 does it: the batches (64-byte chunks, T5's noise 0.15 and mean span 3, corrupted
 afresh at every use), the teacher-forced held-out evaluation, and the shipped checkpoint. Its
 vocabulary is :data:`TOKENIZER`, a :class:`lecture_pkg.char_tokenizers.ByteTokenizer`.
 

@@ -38,8 +38,9 @@ from lecture_pkg.data import shakespeare
 from lecture_pkg.lm_eval import answer_logprob
 
 __all__ = ["INSTRUCTION_TASKS", "SPELLINGS", "Instruction", "demonstration_text",
-           "demonstration_windows", "exact_match", "make_instructions", "make_preference_pairs",
-           "shakespeare_instructions", "spelling_accuracy", "spelling_words", "wrong_answer"]
+           "demonstration_windows", "eight_letter_upper", "exact_match", "make_instructions",
+           "make_preference_pairs", "shakespeare_instructions", "spelling_accuracy",
+           "spelling_words", "wrong_answer"]
 
 # --- which spelling: few-shot prompts (10.1) -------------------------------------------------
 
@@ -193,6 +194,15 @@ def shakespeare_instructions(split: str, n: int, seed: int = 0,
     are left out, so a held-out instruction's word was never seen in training."""
     exclude = _training_words() if split != "train" else frozenset()
     return make_instructions(shakespeare(split), n, seed, tasks, exclude_words=exclude)
+
+
+def eight_letter_upper(split: str) -> list[Instruction]:
+    """One ``upper`` instruction for every distinct eight-letter lower-case word of a split,
+    in sorted order: the reinforcement-learning task of 10.3 and 10.5, longer words than the
+    instruction data's. Outside ``"train"`` the words of the training works are left out."""
+    exclude = _training_words() if split != "train" else frozenset()
+    found = set(re.findall(r"\b[a-z]+\b", shakespeare(split))) - exclude
+    return [Instruction("upper", f"upper: {w}", w.upper()) for w in sorted(found) if len(w) == 8]
 
 
 def exact_match(predictions: Sequence[str], items: Sequence[Instruction]) -> dict[str, float]:

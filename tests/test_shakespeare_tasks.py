@@ -139,3 +139,16 @@ def test_shakespeare_instructions_hold_out_training_words():
     words = {it.prompt.split(": ", 1)[1] for it in held_out if it.task != "count"}
     assert words and not words & train_words
     assert held_out == shakespeare_instructions("test", 60, seed=1)
+
+
+def test_eight_letter_upper_holds_every_eight_letter_word_once() -> None:
+    from lecture_pkg.shakespeare_tasks import eight_letter_upper
+
+    train, test = eight_letter_upper("train"), eight_letter_upper("test")
+    words = [item.prompt.removeprefix("upper: ") for item in test]
+    assert words == sorted(set(words)) and all(len(w) == 8 and w.islower() for w in words)
+    assert all(item.answer == w.upper() and item.task == "upper" for item, w in zip(test, words))
+    # the held-out words were never seen in training; the training words all were
+    seen = set(re.findall(r"\b[a-z]+\b", shakespeare("train")))
+    assert not set(words) & seen
+    assert {item.prompt.removeprefix("upper: ") for item in train} <= seen
