@@ -36,9 +36,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lecture_pkg.checks import check_bool_mask, check_float_tensor, check_int
+from lecture_pkg.checks import check_float_tensor, check_int
 from lecture_pkg.lm_eval import check_logits_and_mask
 from lecture_pkg.models.gpt import GPT, next_token_loss
+from lecture_pkg.policy_gradient import masked_mean
 
 __all__ = ["CHAT_TOKENS", "Rollout", "bradley_terry_loss", "completion_loss", "dpo_loss",
            "encode_chat", "generate_answers", "group_advantages", "grpo_loss", "kl_penalty",
@@ -162,9 +163,11 @@ def dpo_loss(policy_chosen: Tensor, policy_rejected: Tensor, reference_chosen: T
     return -F.logsigmoid(chosen - rejected).mean(), chosen.detach(), rejected.detach()
 
 
-def group_advantages(rewards: Tensor, group_size: int, eps: float = 1e-4) -> Tensor:
+def group_advantages(rewards: Tensor, group_size: int, eps: float = 1e-4,
+                     normalise_std: bool = True) -> Tensor:
     """GRPO's advantages: each reward minus its group's mean, over the group's standard
-    deviation (unbiased, plus ``eps``), as trl's GRPOTrainer computes them.
+    deviation (unbiased, plus ``eps``), as trl's GRPOTrainer computes them; with
+    ``normalise_std=False`` the centred rewards alone (Dr. GRPO, trl's ``scale_rewards=False``).
 
     rewards: (batch,), ``group_size`` consecutive entries being the completions of one prompt.
     """
@@ -175,7 +178,9 @@ def group_advantages(rewards: Tensor, group_size: int, eps: float = 1e-4) -> Ten
                          f"{group_size}, got shape {tuple(rewards.shape)}")
     groups = rewards.view(-1, group_size)
     centred = groups - groups.mean(-1, keepdim=True)
-    return (centred / (groups.std(-1, keepdim=True) + eps)).flatten()
+    if normalise_std:
+        centred = centred / (groups.std(-1, keepdim=True) + eps)
+    return centred.flatten()
 
 
 def kl_penalty(logprobs: Tensor, reference_logprobs: Tensor, estimator: str = "k3") -> Tensor:
@@ -192,13 +197,6 @@ def kl_penalty(logprobs: Tensor, reference_logprobs: Tensor, estimator: str = "k
     if estimator == "k3":
         return torch.expm1(d) - d
     raise ValueError(f"estimator must be 'k1' or 'k3', got {estimator!r}")
-
-
-def _masked_mean(values: Tensor, mask: Tensor) -> Tensor:
-    check_bool_mask("mask", mask)
-    if mask.shape != values.shape:
-        raise ValueError(f"mask must have shape {tuple(values.shape)}, got {tuple(mask.shape)}")
-    return (values * mask).sum() / mask.sum().clamp(min=1)
 
 
 def ppo_clip_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
@@ -221,15 +219,17 @@ def ppo_clip_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, ma
         raise ValueError(f"clip_eps must lie in (0, 1), got {clip_eps}")
     ratio = torch.exp(logprobs - old_logprobs)
     clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps)
-    return _masked_mean(-torch.minimum(ratio * advantages, clipped * advantages), mask)
+    return masked_mean(-torch.minimum(ratio * advantages, clipped * advantages), mask)
 
 
 def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, reference_logprobs: Tensor,
               advantages: Tensor, mask: Tensor, clip_eps: float = 0.2,
               beta: float = 0.04) -> tuple[Tensor, Tensor]:
     """GRPO's objective (Shao et al. 2024): the clipped surrogate plus beta times the k3 KL to
-    the reference model, both averaged over the masked tokens. Returns (loss, mean KL)."""
-    kl = _masked_mean(kl_penalty(logprobs, reference_logprobs, "k3"), mask)
+    the reference model, both averaged over all masked tokens of the batch (trl's ``"bnpo"``;
+    Shao et al. average each answer first, see :func:`lecture_pkg.policy_gradient.aggregate_loss`).
+    Returns (loss, mean KL)."""
+    kl = masked_mean(kl_penalty(logprobs, reference_logprobs, "k3"), mask)
     surrogate = ppo_clip_loss(logprobs, old_logprobs, advantages, mask, clip_eps)
     return surrogate + beta * kl, kl.detach()
 
