@@ -198,7 +198,7 @@ def shakespeare_instructions(split: str, n: int, seed: int = 0,
 
 def eight_letter_upper(split: str) -> list[Instruction]:
     """One ``upper`` instruction for every distinct eight-letter lower-case word of a split,
-    in sorted order: the reinforcement-learning task of 10.3 and 10.5, longer words than the
+    in sorted order: the reinforcement-learning task of 10.2 and 10.3, longer words than the
     instruction data's. Outside ``"train"`` the words of the training works are left out."""
     exclude = _training_words() if split != "train" else frozenset()
     found = set(re.findall(r"\b[a-z]+\b", shakespeare(split))) - exclude
