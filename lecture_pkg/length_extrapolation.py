@@ -28,6 +28,7 @@ from torch.nn import functional as F
 
 from lecture_pkg.checks import check_int
 from lecture_pkg.layers import FeedForward, Residual
+from lecture_pkg.lm_eval import eval_starts
 from lecture_pkg.positional import (
     LearnedPositionalEmbedding,
     RelativePositionBias,
@@ -298,11 +299,11 @@ def random_windows(ids: Tensor, length: int, batch_size: int,
 
 
 def spaced_windows(ids: Tensor, length: int, count: int) -> Tensor:
-    """(count, length + 1) windows at evenly spaced starts: a fixed held-out set."""
+    """(count, length + 1) windows at evenly spaced starts (:func:`lecture_pkg.lm_eval.eval_starts`):
+    a fixed held-out set."""
     check_int("length", length, 1)
-    check_int("count", count, 1)
     _check_ids(ids, length)
-    starts = torch.linspace(0, ids.numel() - length - 1, count).long()
+    starts = torch.from_numpy(eval_starts(ids.numel(), count, length + 1))
     return ids[starts[:, None] + torch.arange(length + 1)]
 
 
