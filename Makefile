@@ -11,7 +11,7 @@ INSTALLED := $(VENV)/.installed
 VENDORED := node_modules/.package-lock.json
 BUILD_FLAGS := -W -n --keep-going
 
-.PHONY: install book book-no-execute test lint unit nbval robustness browser-check execute stamp checkpoint checkpoint-demos checkpoint-formats checkpoint-sft checkpoint-bert checkpoint-t5 checkpoint-detr live-gpt modern-ablations scaling-sweep bench triton-check clean
+.PHONY: install book book-no-execute test lint unit nbval robustness browser-check execute stamp checkpoint checkpoint-modern checkpoint-demos checkpoint-formats checkpoint-sft checkpoint-bert checkpoint-t5 checkpoint-detr live-gpt modern-ablations scaling-sweep bench triton-check clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -71,6 +71,12 @@ execute: install
 checkpoint: install
 	OMP_NUM_THREADS=1 $(PY) scripts/train_gpt.py --n-layer 4 --n-embd 128 --n-head 4 --block-size 128 \
 	  --batch-size 32 --steps 7000 --lr 3e-3 --warmup 200 --eval-every 500 --export lecture_pkg/checkpoints
+
+# Chapter 7.4's modern decoder: the same recipe as the reference GPT, the architecture changed.
+checkpoint-modern: install
+	OMP_NUM_THREADS=1 $(PY) scripts/train_gpt.py --arch modern --name shakespeare_modern \
+	  --n-layer 4 --n-embd 128 --n-head 4 --block-size 128 --batch-size 32 --steps 7000 --lr 3e-3 \
+	  --warmup 200 --eval-every 500 --export lecture_pkg/checkpoints
 
 # Chapter 10's few-shot model: the reference GPT continued with demonstration lists in its batches.
 checkpoint-demos: install

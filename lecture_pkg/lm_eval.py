@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from lecture_pkg.checks import check_bool_mask, check_float_tensor, check_int
-from lecture_pkg.models.gpt import GPT, next_token_loss
+from lecture_pkg.models.gpt import next_token_loss
 
 __all__ = ["answer_logprob", "check_logits_and_mask", "eval_starts", "nats_per_char",
            "pad_right", "sequence_logprobs", "token_logprobs"]
@@ -40,15 +40,16 @@ def eval_starts(n_tokens: int, windows: int, length: int) -> np.ndarray:
 
 
 @torch.no_grad()
-def nats_per_char(model: GPT, ids: Tensor, starts: Sequence[int], length: int,
+def nats_per_char(model: nn.Module, ids: Tensor, starts: Sequence[int], length: int,
                   batch_size: int = 32) -> float:
     """Mean next-token cross-entropy (nats per token; per character for a character model) over
     the windows ``ids[s : s + length]``: positions 1..length-1 of each window, each predicted
-    from the window's earlier tokens. ids: (n,) integer tensor; length <= the model's context."""
-    if length > model.config.n_positions:
-        raise ValueError(f"length {length} exceeds the context n_positions="
-                         f"{model.config.n_positions}")
-    device = model.wte.weight.device
+    from the window's earlier tokens. ids: (n,) integer tensor; length <= the model's context
+    (``model.context_length``: a GPT or a Llama; ``model(batch).logits`` is read)."""
+    if length > model.context_length:
+        raise ValueError(f"length {length} exceeds the model's context_length="
+                         f"{model.context_length}")
+    device = next(model.parameters()).device
     offsets = torch.arange(length)
     total, count = 0.0, 0
     for i in range(0, len(starts), batch_size):

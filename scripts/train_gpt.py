@@ -20,6 +20,14 @@ demonstration lists (:func:`lecture_pkg.shakespeare_tasks.demonstration_windows`
 ``make checkpoint-formats`` runs the same recipe with seven separators in place of ``": "``
 (``--demo-separator`` once per separator; each window draws one).
 
+Chapter 7.4's modern decoder (``--arch modern``: :class:`lecture_pkg.models.llama.Llama` with
+RoPE, RMSNorm, SwiGLU at width 8d/3, no biases, an untied output layer) is trained by the same
+recipe as the reference GPT, the architecture the only change (``make checkpoint-modern``)::
+
+    OMP_NUM_THREADS=1 python scripts/train_gpt.py --arch modern --name shakespeare_modern \
+        --n-layer 4 --n-embd 128 --n-head 4 --block-size 128 --batch-size 32 --steps 7000 \
+        --lr 3e-3 --warmup 200 --eval-every 500 --export lecture_pkg/checkpoints
+
 Every evaluation overwrites the export; the shipped files are the export whose step the JSON
 records (``figures["steps"]``).
 
@@ -53,6 +61,7 @@ from lecture_pkg.char_tokenizers import CharTokenizer
 from lecture_pkg.data import shakespeare
 from lecture_pkg.lm_eval import eval_starts, nats_per_char
 from lecture_pkg.models.gpt import GPT, GPTConfig, lm_batches, next_token_loss
+from lecture_pkg.models.llama import Llama, LlamaConfig
 from lecture_pkg.shakespeare_gpt import CHECKPOINT, load_gpt_weights
 from lecture_pkg.shakespeare_tasks import SPELLINGS, demonstration_windows, spelling_accuracy, spelling_words
 from lecture_pkg.shipped import provenance, save_shipped, shipped_info
@@ -69,6 +78,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--max-chars", type=int, default=None,
                         help="use a prefix of the training text")
+    parser.add_argument("--arch", choices=("gpt", "modern"), default="gpt",
+                        help="gpt: the book's GPT-2-style model; modern: chapter 7.4's Llama")
     parser.add_argument("--n-layer", type=int, default=4)
     parser.add_argument("--n-head", type=int, default=4)
     parser.add_argument("--n-embd", type=int, default=128)
@@ -97,17 +108,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def export(model: GPT, tokenizer: CharTokenizer, folder: Path, checkpoint: str, figures: dict,
-           history: dict, spellings: bool) -> float:
+def build_model(args: argparse.Namespace, vocab_size: int) -> GPT | Llama:
+    """The GPT of ``--arch gpt``, or the modern decoder of the same depth, width and heads
+    (SwiGLU at width 8d/3 for about the parameters of GELU at 4d)."""
+    if args.arch == "modern":
+        return Llama(LlamaConfig(vocab_size=vocab_size, hidden_size=args.n_embd,
+                                 intermediate_size=8 * args.n_embd // 3,
+                                 num_hidden_layers=args.n_layer, num_attention_heads=args.n_head,
+                                 max_position_embeddings=args.block_size))
+    return GPT(GPTConfig(vocab_size=vocab_size, n_positions=args.block_size, n_embd=args.n_embd,
+                         n_layer=args.n_layer, n_head=args.n_head, dropout=args.dropout,
+                         embd_dropout=args.dropout))
+
+
+def export(model: GPT | Llama, tokenizer: CharTokenizer, folder: Path, checkpoint: str,
+           figures: dict, history: dict, spellings: bool) -> float:
     """Write the float16 weights and the JSON; returns the test figure of the float16 model."""
+    tied = isinstance(model, GPT)  # the GPT's lm_head.weight is wte.weight, stored once
     state = {k: v.detach().cpu().half().contiguous() for k, v in model.state_dict().items()
-             if k != "lm_head.weight"}  # tied to wte.weight
-    reloaded = GPT(model.config)
+             if not (tied and k == "lm_head.weight")}
+    reloaded = type(model)(model.config)
     full = {k: v.float() for k, v in state.items()}
-    reloaded.load_state_dict({**full, "lm_head.weight": full["wte.weight"]})
+    if tied:
+        full["lm_head.weight"] = full["wte.weight"]
+    reloaded.load_state_dict(full)
     reloaded.eval()
     test = torch.tensor(tokenizer.encode(shakespeare("test")))
-    block = model.config.n_positions
+    block = model.context_length
     for name, windows in (("test", TEST_WINDOWS), ("check", CHECK_WINDOWS)):
         starts = eval_starts(len(test), windows, block)
         figures[f"{name}_slice"] = {"split": "test", "windows": windows, "length": block,
@@ -120,7 +147,8 @@ def export(model: GPT, tokenizer: CharTokenizer, folder: Path, checkpoint: str, 
             "shots": {k: {s: spelling_accuracy(reloaded, tokenizer, words, s, k, 0,
                                                SPELLING_QUERIES) for s in SPELLINGS}
                       for k in SHOTS}}
-    info = {"config": asdict(model.config), "chars": tokenizer.chars,
+    info = {"arch": "modern" if isinstance(model, Llama) else "gpt",
+            "config": asdict(model.config), "chars": tokenizer.chars,
             "special_tokens": list(tokenizer.special_tokens), "figures": figures,
             "history": history}
     save_shipped(folder, checkpoint, state, info)
@@ -139,19 +167,18 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     if args.init:
+        if args.arch != "gpt":
+            raise ValueError("--init continues a shipped GPT; it needs --arch gpt")
         info = shipped_info(args.init)
         if info["chars"] != tokenizer.chars:
             raise ValueError(f"--init {args.init} has another vocabulary")
-        config = GPTConfig(**info["config"])
-        args.block_size = config.n_positions
-    else:
-        config = GPTConfig(vocab_size=tokenizer.vocab_size, n_positions=args.block_size,
-                           n_embd=args.n_embd, n_layer=args.n_layer, n_head=args.n_head,
-                           dropout=args.dropout, embd_dropout=args.dropout)
-    val_starts = eval_starts(len(val_ids), EVAL_WINDOWS, args.block_size)
-    model = GPT(config).to(device)
-    if args.init:
+        model = GPT(GPTConfig(**info["config"]))
+        args.block_size = model.context_length
         load_gpt_weights(model, args.init)
+    else:
+        model = build_model(args, tokenizer.vocab_size)
+    model = model.to(device)
+    val_starts = eval_starts(len(val_ids), EVAL_WINDOWS, args.block_size)
     ddp_model = wrap_ddp(model, device)
     text_batches = lm_batches(train_ids, args.batch_size, args.block_size, args.seed, rank,
                               world_size)

@@ -384,6 +384,11 @@ class Llama(HFInterop, nn.Module):
             if isinstance(module, (RMSNorm, nn.LayerNorm)) and module.weight is not None:
                 nn.init.ones_(module.weight)
 
+    @property
+    def context_length(self) -> int:
+        """The training context (RoPE itself has no limit; a learned table has this many rows)."""
+        return self.config.max_position_embeddings
+
     def new_cache(self) -> list[KVCache]:
         """An empty key-value cache: one :class:`KVCache` per layer."""
         return [KVCache() for _ in self.layers]
