@@ -11,6 +11,11 @@ spells out what the field varies around it.
   standard deviation.
 * **REINFORCE**: :func:`reinforce_loss`, ``-(R - b) * log pi(token)`` per token, with or without a
   baseline ``b``.
+* **PPO as RLHF runs it** (Ziegler et al. 2019; Ouyang et al. 2022): :func:`kl_shaped_rewards`
+  puts the per-token KL penalty into the reward and the score on the answer's last token;
+  :func:`gae` turns per-token rewards and a value model's estimates into advantages and
+  returns (Schulman et al. 2016); :func:`whiten` normalises advantages over the answer tokens;
+  :func:`value_loss` is the value model's clipped regression on the returns.
 * **Aggregation** (:func:`aggregate_loss`), how per-token losses become one number, the choice
   that separates the GRPO variants:
 
@@ -32,8 +37,8 @@ from torch import Tensor
 
 from lecture_pkg.checks import check_bool_mask, check_float_tensor, check_int
 
-__all__ = ["AGGREGATIONS", "aggregate_loss", "masked_mean", "masked_sum", "reinforce_loss",
-           "token_entropy"]
+__all__ = ["AGGREGATIONS", "aggregate_loss", "gae", "kl_shaped_rewards", "masked_mean",
+           "masked_sum", "reinforce_loss", "token_entropy", "value_loss", "whiten"]
 
 AGGREGATIONS = ("sequence", "token", "constant")
 
@@ -103,3 +108,81 @@ def aggregate_loss(per_token: Tensor, mask: Tensor, how: str,
         check_int("max_length", max_length, minimum=1)
         return masked_sum(per_token, mask) / (per_token.shape[0] * max_length)
     raise ValueError(f"how must be one of {AGGREGATIONS}, got {how!r}")
+
+
+def kl_shaped_rewards(scores: Tensor, logprobs: Tensor, reference_logprobs: Tensor,
+                      mask: Tensor, beta: float) -> Tensor:
+    """Per-token rewards for PPO in RLHF, (batch, t): ``-beta * (log pi - log pi_ref)`` of each
+    sampled answer token (the k1 estimate of KL(pi || pi_ref), so its policy gradient is the
+    KL's), plus the answer's score (batch,) on its last marked token; 0 off the mask."""
+    _check_values_and_mask(logprobs, mask)
+    check_float_tensor("scores", scores)
+    if reference_logprobs.shape != logprobs.shape or scores.shape != logprobs.shape[:1]:
+        raise ValueError(f"reference_logprobs must be {tuple(logprobs.shape)} and scores "
+                         f"({logprobs.shape[0]},), got {tuple(reference_logprobs.shape)} and "
+                         f"{tuple(scores.shape)}")
+    if beta < 0:
+        raise ValueError(f"beta must be >= 0, got {beta}")
+    if not bool(mask.any(1).all()):
+        raise ValueError("every row of mask needs at least one answer token")
+    rewards = torch.where(mask, -beta * (logprobs - reference_logprobs),
+                          torch.zeros_like(logprobs))
+    last = mask.shape[1] - 1 - mask.flip(1).int().argmax(1)  # each row's last marked token
+    rows = torch.arange(mask.shape[0], device=mask.device)
+    rewards[rows, last] += scores.to(rewards.dtype)
+    return rewards
+
+
+def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0,
+        lam: float = 0.95) -> tuple[Tensor, Tensor]:
+    """Generalised advantage estimation over each row's marked tokens: (advantages, returns),
+    both (batch, t) and 0 off the mask.
+
+    With the next marked token's value V' (0 after the last), ``delta = r + gamma * V' - V`` and
+    ``A = delta + gamma * lam * A'``; the returns ``A + V`` are the value model's targets.
+    ``lam = 1`` gives the Monte Carlo return minus V, ``lam = 0`` the one-step TD error. The
+    marked tokens of a row must be contiguous (an answer)."""
+    _check_values_and_mask(rewards, mask)
+    check_float_tensor("values", values)
+    if values.shape != rewards.shape or rewards.dim() != 2:
+        raise ValueError(f"rewards and values must both be (batch, t), got "
+                         f"{tuple(rewards.shape)} and {tuple(values.shape)}")
+    if not (0 <= gamma <= 1 and 0 <= lam <= 1):
+        raise ValueError(f"gamma and lam must lie in [0, 1], got {gamma} and {lam}")
+    advantages = torch.zeros_like(rewards)
+    next_value = torch.zeros_like(rewards[:, 0])
+    next_advantage = torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(rewards.shape[1])):
+        on = mask[:, t]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        advantage = delta + gamma * lam * next_advantage
+        advantages[:, t] = torch.where(on, advantage, torch.zeros_like(advantage))
+        next_value = torch.where(on, values[:, t], next_value)
+        next_advantage = torch.where(on, advantage, next_advantage)
+    returns = torch.where(mask, advantages + values, torch.zeros_like(values))
+    return advantages, returns
+
+
+def whiten(values: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
+    """``values`` shifted and scaled to mean 0 and standard deviation 1 over the marked tokens
+    (InstructGPT and trl whiten PPO's advantages so); 0 off the mask."""
+    mean = masked_mean(values, mask)
+    var = masked_mean((values - mean) ** 2, mask)
+    return torch.where(mask, (values - mean) * torch.rsqrt(var + eps), torch.zeros_like(values))
+
+
+def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor,
+               clip: float = 0.2) -> Tensor:
+    """The value model's loss, as trl's PPO: half the larger of the squared errors of the new
+    values and of the new values clipped to ``old_values +- clip``, averaged over the marked
+    tokens."""
+    _check_values_and_mask(values, mask)
+    if old_values.shape != values.shape or returns.shape != values.shape:
+        raise ValueError(f"old_values and returns must have the shape of values "
+                         f"{tuple(values.shape)}, got {tuple(old_values.shape)} and "
+                         f"{tuple(returns.shape)}")
+    if clip <= 0:
+        raise ValueError(f"clip must be > 0, got {clip}")
+    clipped = old_values + (values - old_values).clamp(-clip, clip)
+    worst = torch.maximum((values - returns) ** 2, (clipped - returns) ** 2)
+    return 0.5 * masked_mean(worst, mask)

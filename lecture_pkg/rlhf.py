@@ -8,6 +8,11 @@ policies' next-token distributions, and what each KL estimator does when it is u
   reward may be a known rule (the gold reward) or a learned reward model (a proxy); extra
   quantities of each batch (for example the gold reward of answers optimised against a proxy)
   are logged through ``log_fn``, and held-out measurements through ``evaluate``.
+* :func:`ppo_train`: PPO as RLHF runs it (Ziegler et al. 2019; Ouyang et al. 2022), at the
+  same scale: a value head on the policy's last hidden state (:class:`ValueHead`), the per-token
+  KL to ``reference`` folded into the reward, advantages by GAE, whitened, and the clipped value
+  loss beside the clipped surrogate. It samples one answer per prompt where GRPO samples a
+  group: the value model is its baseline.
 * :func:`exact_kl`: KL(p || q) between two models' full next-token distributions, per position
   (batch, t). Averaged over the answer tokens of a fixed set of held-out prompts it tracks how
   far a policy has moved, without the noise of a per-batch sample estimate.
@@ -29,20 +34,24 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from lecture_pkg.alignment import (
     ChatTokenizer,
+    Rollout,
     generate_answers,
     group_advantages,
     grpo_loss,
     kl_penalty,
+    ppo_clip_loss,
 )
 from lecture_pkg.checks import check_bool_mask, check_float_tensor, check_int
 from lecture_pkg.lm_eval import token_logprobs
 from lecture_pkg.models.gpt import GPT
+from lecture_pkg.policy_gradient import gae, kl_shaped_rewards, masked_mean, value_loss, whiten
 
-__all__ = ["GRPORun", "exact_kl", "grpo_train", "kl_loss_gradient", "masked_answer_kl"]
+__all__ = ["RLRun", "ValueHead", "exact_kl", "grpo_train", "kl_loss_gradient",
+           "masked_answer_kl", "ppo_train"]
 
 
 class _Prompted(Protocol):
@@ -52,12 +61,13 @@ class _Prompted(Protocol):
 RewardFn = Callable[[list[str], list], Tensor]
 
 
-class GRPORun(NamedTuple):
-    """What :func:`grpo_train` returns.
+class RLRun(NamedTuple):
+    """What :func:`grpo_train` and :func:`ppo_train` return.
 
     policy: the trained copy (eval mode); curve: one dict per step with the batch's mean
-    ``reward``, its k3 ``kl`` estimate, the share of ``mixed`` groups (not all rewards equal)
-    and whatever ``log_fn`` returned; evals: one dict per evaluation, with its ``step`` (0 is
+    ``reward``, its ``kl`` estimate (k3 for GRPO, k1 for PPO), the share of ``mixed`` groups
+    (GRPO: not all rewards equal) or the ``value_loss`` (PPO), and whatever ``log_fn``
+    returned; evals: one dict per evaluation, with its ``step`` (0 is
     before any update, ``steps`` after the last) and whatever ``evaluate`` returned.
     """
 
@@ -72,7 +82,7 @@ def grpo_train(model: GPT, reference: GPT, tokenizer: ChatTokenizer,
                clip_eps: float = 0.2, inner_steps: int = 2, max_new_tokens: int = 12,
                log_fn: Callable[[list[str], list], dict[str, float]] | None = None,
                evaluate: Callable[[GPT], dict[str, float]] | None = None,
-               eval_every: int = 0) -> GRPORun:
+               eval_every: int = 0) -> RLRun:
     """GRPO from a copy of ``model``, with ``reference`` (frozen) in the KL penalty.
 
     Each step draws ``prompts`` items (with replacement, from a CPU generator seeded
@@ -85,16 +95,8 @@ def grpo_train(model: GPT, reference: GPT, tokenizer: ChatTokenizer,
     ``eval_every`` steps (0: never in between) and after the last; it must draw its
     own random numbers (a generator of its own), not the loop's.
     """
-    check_int("steps", steps, minimum=1)
-    check_int("prompts", prompts, minimum=1)
     check_int("group", group, minimum=2)
-    check_int("inner_steps", inner_steps, minimum=1)
-    check_int("eval_every", eval_every, minimum=0)
-    check_int("seed", seed, minimum=0)
-    if not items:
-        raise ValueError("items must be a non-empty sequence of prompted items")
-    if beta < 0:
-        raise ValueError(f"beta must be >= 0, got {beta}")
+    _check_loop(items, steps, prompts, inner_steps, eval_every, seed, beta)
     device = next(model.parameters()).device
     policy = copy.deepcopy(model)
     reference.eval()
@@ -110,16 +112,8 @@ def grpo_train(model: GPT, reference: GPT, tokenizer: ChatTokenizer,
 
     measure(0)
     for step in range(steps):
-        drawn = torch.randint(len(items), (prompts,), generator=picks)
-        batch = [items[int(i)] for i in drawn]
-        batch = [it for it in batch for _ in range(group)]
-        out = generate_answers(policy, tokenizer, [it.prompt for it in batch],
-                               max_new_tokens=max_new_tokens, do_sample=True,
-                               generator=sampler)
-        rewards = reward_fn(out.texts, batch).float().cpu()
-        if rewards.shape != (len(batch),):
-            raise ValueError(f"reward_fn must return ({len(batch)},) rewards, got "
-                             f"shape {tuple(rewards.shape)}")
+        batch, out, rewards = _rollout(policy, tokenizer, items, reward_fn, prompts, group,
+                                       picks, sampler, max_new_tokens)
         advantages = group_advantages(rewards, group).to(device)
         by_group = rewards.view(prompts, group)
         mixed = (by_group.max(1).values > by_group.min(1).values).float().mean()
@@ -144,7 +138,122 @@ def grpo_train(model: GPT, reference: GPT, tokenizer: ChatTokenizer,
         if eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
             measure(step + 1)
     measure(steps)
-    return GRPORun(policy.eval(), curve, evals)
+    return RLRun(policy.eval(), curve, evals)
+
+
+def _check_loop(items: Sequence[_Prompted], steps: int, prompts: int, inner_steps: int,
+                eval_every: int, seed: int, beta: float) -> None:
+    check_int("steps", steps, minimum=1)
+    check_int("prompts", prompts, minimum=1)
+    check_int("inner_steps", inner_steps, minimum=1)
+    check_int("eval_every", eval_every, minimum=0)
+    check_int("seed", seed, minimum=0)
+    if not items:
+        raise ValueError("items must be a non-empty sequence of prompted items")
+    if beta < 0:
+        raise ValueError(f"beta must be >= 0, got {beta}")
+
+
+def _rollout(policy: GPT, tokenizer: ChatTokenizer, items: Sequence[_Prompted],
+             reward_fn: RewardFn, prompts: int, group: int, picks: torch.Generator,
+             sampler: torch.Generator, max_new_tokens: int) -> tuple[list, Rollout, Tensor]:
+    """Draw ``prompts`` items, sample ``group`` answers to each, score them: the items (each
+    repeated ``group`` times), the rollout and the (batch,) float rewards on the CPU."""
+    drawn = torch.randint(len(items), (prompts,), generator=picks)
+    batch = [items[int(i)] for i in drawn for _ in range(group)]
+    out = generate_answers(policy, tokenizer, [it.prompt for it in batch],
+                           max_new_tokens=max_new_tokens, do_sample=True, generator=sampler)
+    rewards = reward_fn(out.texts, batch).float().cpu()
+    if rewards.shape != (len(batch),):
+        raise ValueError(f"reward_fn must return ({len(batch)},) rewards, got "
+                         f"shape {tuple(rewards.shape)}")
+    return batch, out, rewards
+
+
+class ValueHead(nn.Module):
+    """A scalar value per position from a GPT's last hidden state: forward(ids, attention_mask)
+    -> (logits (batch, t, vocab), values (batch, t)). The linear head starts at zero, so the
+    first values are 0 and the first advantages the plain returns."""
+
+    def __init__(self, model: GPT) -> None:
+        super().__init__()
+        self.model = model
+        self.head = nn.Linear(model.config.n_embd, 1, device=next(model.parameters()).device)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None
+                ) -> tuple[Tensor, Tensor]:
+        out = self.model(input_ids, attention_mask)
+        return out.logits, self.head(out.last_hidden_state).squeeze(-1)
+
+
+def ppo_train(model: GPT, reference: GPT, tokenizer: ChatTokenizer,
+              items: Sequence[_Prompted], reward_fn: RewardFn, steps: int, beta: float,
+              seed: int, *, prompts: int = 32, lr: float = 3e-4, clip_eps: float = 0.2,
+              inner_steps: int = 2, max_new_tokens: int = 12, gamma: float = 1.0,
+              lam: float = 0.95, value_coef: float = 0.1, value_clip: float = 0.2,
+              log_fn: Callable[[list[str], list], dict[str, float]] | None = None,
+              evaluate: Callable[[GPT], dict[str, float]] | None = None,
+              eval_every: int = 0) -> RLRun:
+    """PPO from a copy of ``model`` with a :class:`ValueHead` on it, ``reference`` frozen.
+
+    Each step draws ``prompts`` items and samples one answer to each (generators seeded with
+    ``seed``, as :func:`grpo_train`), scores them with ``reward_fn``, and builds per-token
+    rewards: ``-beta * (log pi_old - log pi_ref)`` on every answer token plus the score on the
+    last (:func:`~lecture_pkg.policy_gradient.kl_shaped_rewards`). GAE (``gamma``, ``lam``)
+    on the batch's value estimates gives advantages, whitened over the answer tokens, and
+    returns; ``inner_steps`` AdamW steps then minimise the clipped surrogate plus
+    ``value_coef`` times the clipped value loss (gradients clipped to norm 1). ``evaluate``
+    as in :func:`grpo_train`; the returned policy is the GPT, without its value head.
+    """
+    _check_loop(items, steps, prompts, inner_steps, eval_every, seed, beta)
+    device = next(model.parameters()).device
+    agent = ValueHead(copy.deepcopy(model))
+    reference.eval()
+    opt = torch.optim.AdamW(agent.parameters(), lr=lr, weight_decay=0.0)
+    sampler = torch.Generator(device=device).manual_seed(seed)
+    picks = torch.Generator().manual_seed(seed)
+    curve: list[dict[str, float]] = []
+    evals: list[dict[str, float]] = []
+
+    def measure(step: int) -> None:
+        if evaluate is not None:
+            evals.append({"step": step, **evaluate(agent.model.eval())})
+
+    measure(0)
+    for step in range(steps):
+        batch, out, scores = _rollout(agent.model.eval(), tokenizer, items, reward_fn,
+                                      prompts, 1, picks, sampler, max_new_tokens)
+        mask = out.completion_mask[:, 1:]
+        with torch.no_grad():
+            logits, values = agent(out.ids, out.attention_mask)
+            old = token_logprobs(logits, out.ids)
+            old_values = values[:, :-1]  # the value of each state, before its next token
+            ref = token_logprobs(reference(out.ids, out.attention_mask).logits, out.ids)
+            rewards = kl_shaped_rewards(scores.to(device), old, ref, mask, beta)
+            advantages, returns = gae(rewards, old_values, mask, gamma, lam)
+            advantages = whiten(advantages, mask)
+        agent.train()
+        for inner in range(inner_steps):
+            logits, values = agent(out.ids, out.attention_mask)
+            logp = token_logprobs(logits, out.ids)
+            v_loss = value_loss(values[:, :-1], old_values, returns, mask, value_clip)
+            loss = ppo_clip_loss(logp, old, advantages, mask, clip_eps) + value_coef * v_loss
+            if inner == 0:
+                row = {"step": step, "reward": scores.mean().item(),
+                       "kl": masked_mean(old - ref, mask).item(), "value_loss": v_loss.item()}
+                if log_fn is not None:
+                    row.update(log_fn(out.texts, batch))
+                curve.append(row)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(agent.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad()
+        if eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
+            measure(step + 1)
+    measure(steps)
+    return RLRun(agent.model.eval(), curve, evals)
 
 
 def exact_kl(logits: Tensor, reference_logits: Tensor) -> Tensor:

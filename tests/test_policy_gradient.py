@@ -13,10 +13,14 @@ import torch
 from lecture_pkg.alignment import group_advantages
 from lecture_pkg.policy_gradient import (
     aggregate_loss,
+    gae,
+    kl_shaped_rewards,
     masked_mean,
     masked_sum,
     reinforce_loss,
     token_entropy,
+    value_loss,
+    whiten,
 )
 
 
@@ -120,3 +124,78 @@ def test_argument_checks() -> None:
     with pytest.raises(ValueError, match="baseline"):
         reinforce_loss(values, torch.ones(4, dtype=torch.float64),
                        torch.ones(2, dtype=torch.float64))
+
+
+def _answer_mask(batch: int, t: int, seed: int) -> torch.Tensor:
+    """A contiguous run of marked tokens per row, at a random start and length."""
+    gen = torch.Generator().manual_seed(seed)
+    mask = torch.zeros(batch, t, dtype=torch.bool)
+    for row in range(batch):
+        start = int(torch.randint(t - 1, (1,), generator=gen))
+        length = int(torch.randint(1, t - start + 1, (1,), generator=gen))
+        mask[row, start:start + length] = True
+    return mask
+
+
+def _gae_loop(rewards, values, mask, gamma, lam):
+    """Float64 GAE written per row over its answer tokens only."""
+    advantages = [[0.0] * len(r) for r in rewards]
+    for row, (r, v, m) in enumerate(zip(rewards, values, mask)):
+        idx = [i for i, on in enumerate(m) if on]
+        following = 0.0
+        for k in reversed(range(len(idx))):
+            i = idx[k]
+            next_value = v[idx[k + 1]] if k + 1 < len(idx) else 0.0
+            delta = r[i] + gamma * next_value - v[i]
+            following = delta + gamma * lam * following
+            advantages[row][i] = following
+    return advantages
+
+
+@pytest.mark.parametrize(("gamma", "lam"), [(1.0, 0.95), (0.9, 0.5), (1.0, 1.0), (0.99, 0.0)])
+def test_gae_equals_a_float64_loop_over_each_answer(gamma, lam):
+    mask = _answer_mask(6, 9, seed=1)
+    gen = torch.Generator().manual_seed(2)
+    rewards = torch.randn(6, 9, generator=gen, dtype=torch.float64)
+    values = torch.randn(6, 9, generator=gen, dtype=torch.float64)
+    advantages, returns = gae(rewards, values, mask, gamma, lam)
+    expected = torch.tensor(_gae_loop(rewards.tolist(), values.tolist(), mask.tolist(), gamma,
+                                      lam), dtype=torch.float64)
+    torch.testing.assert_close(advantages, expected)
+    torch.testing.assert_close(returns, torch.where(mask, expected + values, 0.0))
+    if lam == 1.0 and gamma == 1.0:  # Monte Carlo: the rewards still to come, minus V
+        to_come = torch.where(mask, rewards, 0.0).flip(1).cumsum(1).flip(1)
+        torch.testing.assert_close(advantages, torch.where(mask, to_come - values, 0.0))
+
+
+def test_kl_shaped_rewards_sum_to_the_score_minus_beta_times_the_k1_kl():
+    mask = _answer_mask(5, 7, seed=3)
+    gen = torch.Generator().manual_seed(4)
+    logp, ref = (torch.randn(5, 7, generator=gen) for _ in range(2))
+    scores = torch.tensor([1.0, 0.0, -2.0, 0.5, 3.0])
+    rewards = kl_shaped_rewards(scores, logp, ref, mask, beta=0.3)
+    assert torch.all(rewards[~mask] == 0)
+    torch.testing.assert_close(rewards.sum(1), scores - 0.3 * ((logp - ref) * mask).sum(1))
+    last = mask.shape[1] - 1 - mask.flip(1).int().argmax(1)
+    rows = torch.arange(5)
+    torch.testing.assert_close(rewards[rows, last] + 0.3 * (logp - ref)[rows, last], scores)
+    with pytest.raises(ValueError, match="at least one answer token"):
+        kl_shaped_rewards(scores, logp, ref, torch.zeros(5, 7, dtype=torch.bool), beta=0.3)
+    with pytest.raises(ValueError, match="scores"):
+        kl_shaped_rewards(scores[:2], logp, ref, mask, beta=0.3)
+
+
+def test_whiten_and_value_loss():
+    mask = _answer_mask(4, 6, seed=5)
+    x = torch.randn(4, 6, dtype=torch.float64) * 3 + 2
+    w = whiten(x, mask)
+    assert abs(w[mask].mean().item()) < 1e-9
+    assert w[mask].var(unbiased=False).item() == pytest.approx(1.0, abs=1e-6)
+    assert torch.all(w[~mask] == 0)
+    old, ret = torch.zeros(4, 6), torch.ones(4, 6)
+    new = torch.full((4, 6), 0.5)
+    # inside the clip the loss is half the squared error; outside it the clipped error counts
+    assert value_loss(new, old, ret, mask, clip=1.0).item() == pytest.approx(0.125)
+    assert value_loss(new, old, ret, mask, clip=0.2).item() == pytest.approx(0.5 * 0.8**2)
+    with pytest.raises(ValueError, match="clip"):
+        value_loss(new, old, ret, mask, clip=0.0)

@@ -15,7 +15,7 @@ from lecture_pkg.alignment import generate_answers, group_advantages, kl_penalty
 from lecture_pkg.char_tokenizers import CharTokenizer
 from lecture_pkg.lm_eval import token_logprobs
 from lecture_pkg.models.gpt import GPT, GPTConfig
-from lecture_pkg.rlhf import exact_kl, grpo_train, kl_loss_gradient, masked_answer_kl
+from lecture_pkg.rlhf import ValueHead, exact_kl, grpo_train, kl_loss_gradient, masked_answer_kl, ppo_train
 
 
 @pytest.fixture(scope="module")
@@ -169,3 +169,74 @@ def test_grpo_train_learns_nothing_from_equal_rewards_and_is_seeded(tokenizer):
                    beta=0.0, seed=0, prompts=2, group=2)
     with pytest.raises(ValueError, match="beta"):
         grpo_train(model, model, tokenizer, items, constant, steps=1, beta=-1.0, seed=0)
+
+
+def test_ppo_train_one_step_equals_the_step_written_out(tokenizer):
+    """PPO's first step from the losses: the value head starts at 0, so GAE runs on the
+    KL-shaped rewards alone, and at ratio 1 the surrogate's gradient is that of -A log pi."""
+    model = tiny_gpt(tokenizer)
+    reference = tiny_gpt(tokenizer, seed=1)
+    items = [Item(p) for p in ("abc", "ba", "cab ?", "j")]
+
+    def reward(texts, batch):
+        return torch.tensor([float(t.count("a")) for t in texts])
+
+    run = ppo_train(model, reference, tokenizer, items, reward, steps=1, beta=0.1, seed=5,
+                    prompts=4, lr=1e-2, inner_steps=1, lam=0.9, value_coef=0.5)
+    agent = ValueHead(copy.deepcopy(model))
+    opt = torch.optim.AdamW(agent.parameters(), lr=1e-2, weight_decay=0.0)
+    picks = torch.Generator().manual_seed(5)
+    batch = [items[int(i)] for i in torch.randint(4, (4,), generator=picks)]
+    out = generate_answers(agent.model, tokenizer, [it.prompt for it in batch], do_sample=True,
+                           generator=torch.Generator().manual_seed(5))
+    scores = reward(out.texts, batch)
+    mask = out.completion_mask[:, 1:]
+    with torch.no_grad():
+        ref = token_logprobs(reference(out.ids, out.attention_mask).logits, out.ids)
+        old = token_logprobs(model(out.ids, out.attention_mask).logits, out.ids)
+    raw = torch.zeros_like(old)  # advantages by hand, V = 0: A_t = r_t + 0.9 * A_(t+1)
+    for row in range(len(batch)):
+        idx = mask[row].nonzero().flatten().tolist()
+        following = 0.0
+        for i in reversed(idx):
+            r = -0.1 * (old[row, i] - ref[row, i]) + (scores[row] if i == idx[-1] else 0.0)
+            following = r + 0.9 * following
+            raw[row, i] = following
+    kept = raw[mask]
+    adv = torch.where(mask, (raw - kept.mean()) / kept.var(unbiased=False).add(1e-8).sqrt(), 0)
+    logits, values = agent.train()(out.ids, out.attention_mask)
+    logp = token_logprobs(logits, out.ids)
+    surrogate = -(adv * logp * mask).sum() / mask.sum()
+    v_loss = 0.5 * (((values[:, :-1] - raw) ** 2) * mask).sum() / mask.sum()
+    (surrogate + 0.5 * v_loss).backward()
+    torch.nn.utils.clip_grad_norm_(agent.parameters(), 1.0)
+    opt.step()
+    assert run.curve[0]["reward"] == pytest.approx(scores.mean().item())
+    assert run.curve[0]["kl"] == pytest.approx(((old - ref) * mask).sum().item()
+                                               / mask.sum().item(), abs=1e-6)
+    assert run.curve[0]["value_loss"] == pytest.approx(v_loss.item(), rel=1e-5)
+    # Adam's first step moves each weight by about lr = 1e-2; float32 rounding of gradients
+    # near 0 moves a few by ~1e-6
+    for a, b in zip(run.policy.parameters(), agent.model.parameters()):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-5)
+
+
+def test_ppo_train_is_seeded_evaluates_on_schedule_and_refuses_bad_input(tokenizer):
+    model = tiny_gpt(tokenizer)
+    items = [Item(p) for p in ("abc", "ba", "cab ?")]
+
+    def count_a(texts, batch):
+        return torch.tensor([float(t.count("a")) for t in texts])
+
+    runs = [ppo_train(model, model, tokenizer, items, count_a, steps=3, beta=0.05, seed=2,
+                      prompts=3, evaluate=lambda p: {"training": float(p.training)},
+                      eval_every=2) for _ in range(2)]
+    assert runs[0].curve == runs[1].curve
+    assert [e["step"] for e in runs[0].evals] == [0, 2, 3]
+    assert not any(e["training"] for e in runs[0].evals)
+    assert isinstance(runs[0].policy, GPT) and not runs[0].policy.training
+    with pytest.raises(ValueError, match="beta"):
+        ppo_train(model, model, tokenizer, items, count_a, steps=1, beta=-0.1, seed=0)
+    with pytest.raises(ValueError, match="reward_fn must return"):
+        ppo_train(model, model, tokenizer, items, lambda t, b: torch.ones(1), steps=1,
+                  beta=0.0, seed=0, prompts=2)
