@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> None:
     sample_seed = seeds(1, start=100)[0]
     out = {"args": vars(args), **provenance(__file__, argv), "torch": torch.__version__,
            "machine": platform.processor() or platform.machine(),
-           "sft": held_out(sft, tokenizer, test, sample_seed), "runs": []}
+           "sample_seed": sample_seed, "sft": held_out(sft, tokenizer, test, sample_seed),
+           "runs": []}
     began = time.perf_counter()
     for seed in seeds(args.seeds):
         for method in args.methods:
