@@ -11,7 +11,7 @@ INSTALLED := $(VENV)/.installed
 VENDORED := node_modules/.package-lock.json
 BUILD_FLAGS := -W -n --keep-going
 
-.PHONY: install book book-no-execute test lint unit nbval robustness browser-check execute stamp checkpoint checkpoint-modern checkpoint-demos checkpoint-formats checkpoint-sft checkpoint-bert checkpoint-t5 checkpoint-detr live-gpt ppo-vs-grpo modern-ablations scaling-sweep bench triton-check clean
+.PHONY: install book book-no-execute test lint unit nbval robustness browser-check execute stamp checkpoint checkpoint-modern checkpoint-demos checkpoint-formats checkpoint-sft checkpoint-bert checkpoint-t5 checkpoint-detr live-gpt ppo-vs-grpo modern-ablations deep-controls scaling-sweep bench triton-check clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -164,6 +164,11 @@ modern-ablations: install
 	OMP_NUM_THREADS=1 $(PY) scripts/modern_ablations.py --out lecture_pkg/recorded/modern_ablations_cpu.json \
 	  --layers 2 --width 48 --heads 4 --block-size 64 --batch-size 16 --steps 300 --seeds 3 \
 	  --eval-windows 64 --lr 3e-3 --high-lr 3e-2 --muon-lr 2e-2 --device cpu
+
+# Chapter 6.1's control arms at 18+18 layers (post-LN with warmup, at a 4x lower rate; sandwich),
+# 3 seeds on CPU at one thread; benchmarks/RESULTS.md has the time.
+deep-controls: install
+	OMP_NUM_THREADS=1 $(PY) scripts/deep_controls.py --out lecture_pkg/recorded/deep_controls_cpu.json
 
 # The scaling-law sweep (issue 39): the isoFLOP grid of the modern decoder; about 4 min on an H200.
 scaling-sweep: install

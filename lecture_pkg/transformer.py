@@ -415,23 +415,34 @@ def ngram_matches(hypotheses: Sequence[Sequence[Any]], references: Sequence[Sequ
 
 
 def corpus_bleu(hypotheses: Sequence[Sequence[Any]], references: Sequence[Sequence[Any]],
-                max_order: int = 4, smoothing: float = 0.0) -> float:
+                max_order: int = 4, smoothing: float | str = 0.0) -> float:
     """Corpus BLEU in percent: 100 * BP * exp(mean_n log p_n), p_n the pooled clipped n-gram
     precisions of :func:`ngram_matches` and BP = min(1, exp(1 - ref_len / hyp_len)) the
     brevity penalty (Papineni et al. 2002). Unsmoothed by default, so a corpus without a single
     matching max_order-gram scores 0. ``smoothing`` = k > 0 adds k to the matches and totals of
-    the orders n >= 2 (Lin & Och 2004; sacreBLEU's ``smooth_method="add-k"``). Tokens are any
-    hashable items; equals ``sacrebleu.corpus_bleu`` with ``tokenize="none"`` on the
+    the orders n >= 2 (Lin & Och 2004; sacreBLEU's ``smooth_method="add-k"``); ``"exp"`` is
+    NIST's method, sacreBLEU's default: the j-th order with no match gets precision
+    1 / (2^j * total). Tokens are any hashable items; equals ``sacrebleu.corpus_bleu`` with
+    ``tokenize="none"`` and the same ``smooth_method`` ("none" for the default 0.0) on the
     space-joined tokens."""
-    if not isinstance(smoothing, (int, float)) or smoothing < 0:
-        raise ValueError(f"smoothing must be a number >= 0, got {smoothing!r}")
+    if smoothing != "exp" and (
+            not isinstance(smoothing, (int, float)) or smoothing < 0):
+        raise ValueError(f"smoothing must be a number >= 0 or 'exp', got {smoothing!r}")
     matches, totals = ngram_matches(hypotheses, references, max_order)
     hyp_len = sum(map(len, hypotheses))
     ref_len = sum(map(len, references))
     if hyp_len == 0 or not any(matches):
         return 0.0
-    log_precision = 0.0
+    log_precision, halvings = 0.0, 0
     for n, (m, t) in enumerate(zip(matches, totals), start=1):
+        if smoothing == "exp":
+            if t == 0:
+                return 0.0
+            if m == 0:
+                halvings += 1
+            precision = 1 / (2**halvings * t) if m == 0 else m / t
+            log_precision += math.log(precision) / max_order
+            continue
         k = smoothing if n > 1 else 0.0
         if m + k == 0 or t + k == 0:
             return 0.0

@@ -400,12 +400,25 @@ def test_corpus_bleu_equals_sacrebleu(seed: int) -> None:
         hyp = [t if torch.rand(1, generator=g) > 0.3 else 7 for t in ref]
         hyps.append(hyp[: len(hyp) - int(torch.randint(0, 2, (1,), generator=g))])
     text = [[" ".join(f"w{t}" for t in s) for s in corpus] for corpus in (hyps, refs)]
-    for smoothing, method in ((0.0, "none"), (1.0, "add-k")):
+    for smoothing, method in ((0.0, "none"), (1.0, "add-k"), ("exp", "exp")):
         expected = sacrebleu.corpus_bleu(text[0], [text[1]], tokenize="none",
                                          smooth_method=method, force=True)
         assert corpus_bleu(hyps, refs, smoothing=smoothing) == pytest.approx(expected.score)
     expected = sacrebleu.corpus_bleu(text[0], [text[1]], tokenize="none", force=True)
     assert ngram_matches(hyps, refs) == (expected.counts, expected.totals)
+    assert corpus_bleu(hyps, refs, smoothing="exp") == pytest.approx(expected.score)
+
+
+def test_corpus_bleu_exp_smoothing_matches_sacrebleu_default_without_4grams() -> None:
+    sacrebleu = pytest.importorskip("sacrebleu")
+    from lecture_pkg.transformer import corpus_bleu
+
+    refs = [[1, 2, 3, 4], [5, 6, 7], [1, 5, 2, 6, 3]]
+    hyps = [[1, 2, 4, 3], [6, 5, 7], [1, 5, 3, 6, 2]]  # bigrams match, no 3- or 4-gram
+    text = [[" ".join(f"w{t}" for t in s) for s in corpus] for corpus in (hyps, refs)]
+    expected = sacrebleu.corpus_bleu(text[0], [text[1]], tokenize="none", force=True)
+    assert corpus_bleu(hyps, refs) == 0.0 < expected.score
+    assert corpus_bleu(hyps, refs, smoothing="exp") == pytest.approx(expected.score)
 
 
 def test_corpus_bleu_is_zero_without_a_matching_4gram_and_100_on_references() -> None:
