@@ -11,7 +11,7 @@ INSTALLED := $(VENV)/.installed
 VENDORED := node_modules/.package-lock.json
 BUILD_FLAGS := -W -n --keep-going
 
-.PHONY: install book book-no-execute test lint unit nbval robustness browser-check execute stamp checkpoint checkpoint-modern checkpoint-demos checkpoint-formats checkpoint-sft checkpoint-bert checkpoint-t5 checkpoint-detr live-gpt modern-ablations scaling-sweep bench triton-check clean
+.PHONY: install book book-no-execute test lint unit nbval robustness browser-check execute stamp checkpoint checkpoint-modern checkpoint-demos checkpoint-formats checkpoint-sft checkpoint-bert checkpoint-t5 checkpoint-detr live-gpt modern-ablations induction-continuation scaling-sweep bench triton-check clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -156,6 +156,9 @@ live-gpt: install
 
 # The modern decoder's design choices (page 7.4): every arm over 3 seeds at CPU size, about 3 min
 # of CPU time (benchmarks/RESULTS.md has the table; without the CPU flags it runs the GPU size).
+induction-continuation: install
+	OMP_NUM_THREADS=1 $(PY) scripts/induction_continuation.py
+
 modern-ablations: install
 	OMP_NUM_THREADS=1 $(PY) scripts/modern_ablations.py --out lecture_pkg/recorded/modern_ablations_cpu.json \
 	  --layers 2 --width 48 --heads 4 --block-size 64 --batch-size 16 --steps 300 --seeds 3 \

@@ -479,3 +479,33 @@ def test_row_losses_on_the_fused_path_match_the_hooked_run():
     torch.testing.assert_close(row_losses(model, ids), token_losses(model, ids).mean(-1))
     with pytest.raises(KeyError, match="not activations"):
         row_losses(model, ids, {"z7": lambda z: z})
+
+
+# ---------------------------------------------------------------- the recorded continuation
+
+def test_induction_continuation_reproduces_a_recorded_row():
+    """lecture_pkg/recorded/induction_continuation_cpu.json (scripts/induction_continuation.py,
+    command and time in benchmarks/RESULTS.md): the first evaluation of the first seed's
+    repeat arm, retrained (its first eval_every steps)."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("induction_continuation",
+                                                  root / "scripts" / "induction_continuation.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    recorded = json.loads((root / "lecture_pkg" / "recorded"
+                           / "induction_continuation_cpu.json").read_text())
+    assert recorded["settings"] == script.SETTINGS
+    row = next(r for r in recorded["runs"] if r["repeat"])
+    every = recorded["eval_every"]
+    again = script.continuation(row["seed"], True, every, every)
+    for then, now in zip(row["evals"][:2], again, strict=True):
+        assert then["step"] == now["step"]
+        assert abs(then["first"] - now["first"]) < 0.02
+        assert abs(then["second"] - now["second"]) < 0.02
+        torch.testing.assert_close(torch.tensor(now["induction"]),
+                                   torch.tensor(then["induction"]), atol=0.01, rtol=0)
