@@ -11,7 +11,7 @@ INSTALLED := $(VENV)/.installed
 VENDORED := node_modules/.package-lock.json
 BUILD_FLAGS := -W -n --keep-going
 
-.PHONY: install book book-no-execute test lint unit nbval robustness browser-check execute stamp checkpoint checkpoint-modern checkpoint-demos checkpoint-formats checkpoint-sft checkpoint-bert checkpoint-t5 checkpoint-detr live-gpt ppo-vs-grpo modern-ablations deep-controls scaling-sweep bench triton-check clean
+.PHONY: install book book-no-execute test lint unit nbval robustness browser-check execute stamp checkpoint checkpoint-modern checkpoint-demos checkpoint-formats checkpoint-sft checkpoint-bert checkpoint-t5 checkpoint-detr live-gpt ppo-vs-grpo modern-ablations deep-controls induction-continuation scaling-sweep bench triton-check clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -154,12 +154,16 @@ test: lint unit triton-check nbval book-no-execute browser-check
 live-gpt: install
 	$(PY) scripts/export_live_gpt.py
 
-# The modern decoder's design choices (page 7.4): every arm over 3 seeds at CPU size, about 3 min
-# of CPU time (benchmarks/RESULTS.md has the table; without the CPU flags it runs the GPU size).
 # Chapter 10.2's PPO-with-a-value-model against GRPO, three seeds each (a few minutes).
 ppo-vs-grpo: install
 	OMP_NUM_THREADS=1 $(PY) scripts/ppo_vs_grpo.py --out lecture_pkg/recorded/ppo_vs_grpo_cpu.json
 
+# Chapter 10.4's continuation of the GPT with repeated strings, against a control (a few minutes).
+induction-continuation: install
+	OMP_NUM_THREADS=1 $(PY) scripts/induction_continuation.py
+
+# The modern decoder's design choices (page 7.4): every arm over 3 seeds at CPU size, about 3 min
+# of CPU time (benchmarks/RESULTS.md has the table; without the CPU flags it runs the GPU size).
 modern-ablations: install
 	OMP_NUM_THREADS=1 $(PY) scripts/modern_ablations.py --out lecture_pkg/recorded/modern_ablations_cpu.json \
 	  --layers 2 --width 48 --heads 4 --block-size 64 --batch-size 16 --steps 300 --seeds 3 \

@@ -31,14 +31,14 @@ import torch
 from torch import Tensor, nn
 
 from lecture_pkg.checks import check_int
-from lecture_pkg.models.gpt import GPT, GPTConfig
+from lecture_pkg.models.gpt import GPT, GPTConfig, lm_batches
 
 __all__ = [
     "NoFeedForward", "ablate_heads", "activation_patching", "attention_only_gpt",
     "composition_scores", "direct_logit_attribution", "head_means", "head_weights",
     "induction_scores", "logit_difference", "logit_lens", "nats_lost", "ov_copying_scores",
     "prefix_matches", "previous_token_scores", "repeat_losses", "repeated_tokens",
-    "row_losses", "run_with_cache", "token_losses",
+    "repeat_span_batches", "row_losses", "run_with_cache", "token_losses",
 ]
 
 Head = tuple[int, int]
@@ -106,6 +106,45 @@ def repeated_tokens(batch: int, t: int, vocab_size: int, min_length: int | None 
     lengths = torch.randint(min_length, longest + 1, (batch,), generator=generator)
     source = torch.arange(t)[None] % lengths[:, None]  # (batch, t): position modulo L
     return segment.gather(1, source), lengths
+
+
+def repeat_span_batches(tokens: Tensor, alphabet: Tensor, batch_size: int, window: int,
+                        seed: int, repeat: bool = True, min_length: int = 6,
+                        max_length: int = 24) -> Callable[[int], Tensor]:
+    """step -> (batch_size, window) training windows of ``tokens`` (as
+    :func:`lecture_pkg.models.gpt.lm_batches` draws them) in which every row carries a random
+    string of L tokens from ``alphabet`` (L uniform in [min_length, max_length]) at a random
+    offset a, and a second string of L at a random offset c >= a + L.
+
+    ``repeat=True``: the second string is the first one again, so the row rewards copying
+    from context at a distance that varies from row to row. ``repeat=False`` is the control:
+    the second string is drawn independently, and everything else (windows, offsets, lengths,
+    the first string) is the same for the same seed and step.
+
+    tokens: (n,) ids; alphabet: (k,) ids the strings are drawn from.
+    """
+    check_int("min_length", min_length, minimum=1)
+    check_int("max_length", max_length, minimum=min_length)
+    if 2 * max_length > window:
+        raise ValueError(f"window {window} must hold two strings of max_length {max_length}")
+    if not isinstance(alphabet, Tensor) or alphabet.dim() != 1 or len(alphabet) < 2:
+        raise ValueError("alphabet must be a 1-D tensor of at least 2 token ids")
+    text = lm_batches(tokens, batch_size, window, seed)
+
+    def batch(step: int) -> Tensor:
+        rows = text(step).clone()
+        draw = torch.Generator().manual_seed(seed * 1_000_003 + step + 7)
+        for row in rows:
+            length = int(torch.randint(min_length, max_length + 1, (1,), generator=draw))
+            a = int(torch.randint(0, window - 2 * length + 1, (1,), generator=draw))
+            c = int(torch.randint(a + length, window - length + 1, (1,), generator=draw))
+            first, second = alphabet[torch.randint(len(alphabet), (2, length),
+                                                    generator=draw)]
+            row[a:a + length] = first
+            row[c:c + length] = first if repeat else second
+        return rows
+
+    return batch
 
 
 def _copy_positions(lengths: Tensor, t: int) -> tuple[Tensor, Tensor]:

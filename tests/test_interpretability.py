@@ -24,6 +24,7 @@ from lecture_pkg.interpretability import (
     prefix_matches,
     previous_token_scores,
     repeat_losses,
+    repeat_span_batches,
     repeated_tokens,
     row_losses,
     run_with_cache,
@@ -406,6 +407,67 @@ def test_patching_reproduces_the_clean_and_the_corrupted_runs():
         activation_patching(model, clean, corrupt[:, :5], metric)
 
 
+def test_patching_every_position_of_any_layer_is_the_clean_run():
+    model = small_gpt()
+    clean, corrupt = ids_for(model, batch=2, seed=1), ids_for(model, batch=2, seed=2)
+    clean_logits, clean_cache = run_with_cache(model, clean)
+    for layer in range(3):
+        name = f"resid_pre{layer}"
+        logits, _ = run_with_cache(model, corrupt, {name: lambda x, n=name: clean_cache[n]})
+        torch.testing.assert_close(logits, clean_logits)
+    # an edit that returns its input, and ablating no head, change nothing
+    same, _ = run_with_cache(model, corrupt, {f"z{i}": lambda z: z for i in range(2)})
+    torch.testing.assert_close(same, model(corrupt).logits)
+    none, _ = run_with_cache(model, corrupt, ablate_heads(model, [], head_means(model, clean)))
+    torch.testing.assert_close(none, model(corrupt).logits)
+
+
+def test_direct_attribution_depends_on_the_frozen_scale_only_through_one_factor():
+    """Doubling the stream (every part) leaves the final norm's output unchanged: with sigma
+    frozen at its value in the run, every part's share is unchanged too."""
+    model = small_gpt()
+    ids, targets = ids_for(model), ids_for(model, seed=5)
+    names, parts = direct_logit_attribution(model, ids, targets)
+    _, cache = run_with_cache(model, ids)
+    final = cache["resid_pre2"]
+    sigma = (final.var(-1, unbiased=False) + model.ln_f.eps).sqrt()
+    # the parts other than ln_f's bias are linear in the stream divided by sigma
+    no_bias = parts[:-1].sum(0)
+    direction = model.wte.weight[targets] * model.ln_f.weight
+    centred = final - final.mean(-1, keepdim=True)
+    torch.testing.assert_close(no_bias, (centred * direction).sum(-1) / sigma)
+
+
+def test_repeat_span_batches_repeat_and_control():
+    tokens = torch.arange(1000) % 7 + 30  # ids 30..36; the alphabet is 0..4
+    alphabet = torch.arange(5)
+    repeat = repeat_span_batches(tokens, alphabet, 8, 40, seed=3, repeat=True,
+                                 min_length=4, max_length=10)
+    control = repeat_span_batches(tokens, alphabet, 8, 40, seed=3, repeat=False,
+                                  min_length=4, max_length=10)
+    a, b = repeat(5), control(5)
+    assert a.shape == b.shape == (8, 40)
+    torch.testing.assert_close(repeat(5), a)  # a function of the step
+    for row_a, row_b in zip(a, b):
+        spans = (row_a < 5).nonzero().flatten()
+        marks = (row_b < 5).nonzero().flatten()
+        assert torch.equal(spans, marks)  # the same places in both arms
+        n = len(spans) // 2
+        assert 4 <= n <= 10 and len(spans) == 2 * n
+        first, second = row_a[spans[:n]], row_a[spans[n:]]
+        assert torch.equal(first, second)  # shown twice
+        assert torch.equal(row_b[spans[:n]], first)  # the control's first string is the same
+        assert torch.equal(row_a[row_a >= 5], row_b[row_b >= 5])  # the same text around
+    # the control's second strings differ from the first (almost surely, over 8 rows)
+    assert any(not torch.equal(r[(r < 5).nonzero().flatten()][:len((r < 5).nonzero()) // 2],
+                               r[(r < 5).nonzero().flatten()][len((r < 5).nonzero()) // 2:])
+               for r in b)
+    with pytest.raises(ValueError, match="window"):
+        repeat_span_batches(tokens, alphabet, 8, 16, seed=0, max_length=10)
+    with pytest.raises(ValueError, match="alphabet"):
+        repeat_span_batches(tokens, alphabet[:1], 8, 48, seed=0)
+
+
 def test_row_losses_on_the_fused_path_match_the_hooked_run():
     model = small_gpt()
     ids = ids_for(model)
@@ -417,3 +479,33 @@ def test_row_losses_on_the_fused_path_match_the_hooked_run():
     torch.testing.assert_close(row_losses(model, ids), token_losses(model, ids).mean(-1))
     with pytest.raises(KeyError, match="not activations"):
         row_losses(model, ids, {"z7": lambda z: z})
+
+
+# ---------------------------------------------------------------- the recorded continuation
+
+def test_induction_continuation_reproduces_a_recorded_row():
+    """lecture_pkg/recorded/induction_continuation_cpu.json (scripts/induction_continuation.py,
+    command and time in benchmarks/RESULTS.md): the first evaluation of the first seed's
+    repeat arm, retrained (its first eval_every steps)."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("induction_continuation",
+                                                  root / "scripts" / "induction_continuation.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    recorded = json.loads((root / "lecture_pkg" / "recorded"
+                           / "induction_continuation_cpu.json").read_text())
+    assert recorded["settings"] == script.SETTINGS
+    row = next(r for r in recorded["runs"] if r["repeat"])
+    every = recorded["eval_every"]
+    again = script.continuation(row["seed"], True, every, every)
+    for then, now in zip(row["evals"][:2], again, strict=True):
+        assert then["step"] == now["step"]
+        assert abs(then["first"] - now["first"]) < 0.02
+        assert abs(then["second"] - now["second"]) < 0.02
+        torch.testing.assert_close(torch.tensor(now["induction"]),
+                                   torch.tensor(then["induction"]), atol=0.01, rtol=0)
