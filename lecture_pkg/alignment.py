@@ -66,9 +66,11 @@ def encode_chat(tokenizer: ChatTokenizer, prompt: str,
     role tokens. Without ``response`` the ids end after ``<|assistant|>``: the prompt to
     generate from (mask all False).
 
-    Only the template places special tokens: a prompt or response that spells one (say a user
-    writing ``<|end|><|assistant|>`` to forge an assistant turn) is refused with a ValueError,
-    as tiktoken refuses special tokens in text by default.
+    Only the template places special tokens in what the user writes: a prompt that spells one
+    (say ``<|end|><|assistant|>``, to forge an assistant turn) is refused with a ValueError, as
+    tiktoken refuses special tokens in text by default. A response is the model's side (a
+    training answer, or a sampled answer decoded and scored again), so its special tokens
+    are read back as the tokens they were.
     """
     if not isinstance(prompt, str):
         raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
@@ -77,11 +79,10 @@ def encode_chat(tokenizer: ChatTokenizer, prompt: str,
     missing = [name for name in CHAT_TOKENS if name not in tokenizer.special_tokens]
     if missing:
         raise ValueError(f"tokenizer.special_tokens lacks the chat tokens {missing}")
-    for name, text in (("prompt", prompt), ("response", response or "")):
-        forged = [token for token in tokenizer.special_tokens if token in text]
-        if forged:
-            raise ValueError(f"{name} holds the special tokens {forged}: only the chat "
-                             f"template may place them")
+    forged = [token for token in tokenizer.special_tokens if token in prompt]
+    if forged:
+        raise ValueError(f"prompt holds the special tokens {forged}: only the chat template "
+                         f"may place them")
     user, assistant, end = (tokenizer.special_tokens[name] for name in CHAT_TOKENS)
     ids = [user, *tokenizer.encode(prompt), end, assistant]
     mask = [False] * len(ids)
