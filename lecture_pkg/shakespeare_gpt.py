@@ -7,6 +7,8 @@ holding the configuration, vocabulary and recorded figures of each:
   pretraining batches held demonstration lists
   (:func:`lecture_pkg.shakespeare_tasks.demonstration_windows`), and ``shakespeare_gpt_formats``
   (:data:`FORMATS_CHECKPOINT`), the same with seven separators;
+* ``shakespeare_modern`` (:data:`MODERN_CHECKPOINT`), chapter 7.4's modern decoder
+  (:class:`~lecture_pkg.models.llama.Llama`) trained by the reference GPT's recipe;
 * ``shakespeare_sft`` (:data:`SFT_CHECKPOINT`), the reference GPT after supervised fine-tuning
   on chapter 10's instructions (:func:`lecture_pkg.shakespeare_tasks.shakespeare_instructions`).
 
@@ -19,7 +21,7 @@ holding the configuration, vocabulary and recorded figures of each:
     print(tokenizer.decode(out[0].tolist()))
 
 The context (block size) is ``model.config.n_positions`` (also ``model.context_length``).
-``scripts/train_gpt.py --export`` writes the first three, ``scripts/train_sft.py`` the last.
+``scripts/train_gpt.py --export`` writes the first four, ``scripts/train_sft.py`` the last.
 """
 
 from __future__ import annotations
@@ -30,15 +32,18 @@ import torch
 
 from lecture_pkg.char_tokenizers import CharTokenizer
 from lecture_pkg.models.gpt import GPT, GPTConfig
+from lecture_pkg.models.llama import Llama, LlamaConfig
 from lecture_pkg.shipped import Shipped, shipped_info, shipped_state
 
-__all__ = ["CHECKPOINT", "DEMOS_CHECKPOINT", "FORMATS_CHECKPOINT", "SFT_CHECKPOINT",
-           "load_gpt_weights", "load_shakespeare_gpt", "load_shakespeare_sft",
-           "shakespeare_gpt_info", "shakespeare_sft_info"]
+__all__ = ["CHECKPOINT", "DEMOS_CHECKPOINT", "FORMATS_CHECKPOINT", "MODERN_CHECKPOINT",
+           "SFT_CHECKPOINT", "load_gpt_weights", "load_shakespeare_gpt",
+           "load_shakespeare_modern", "load_shakespeare_sft", "shakespeare_gpt_info",
+           "shakespeare_modern_info", "shakespeare_sft_info"]
 
 CHECKPOINT = "shakespeare_gpt"
 DEMOS_CHECKPOINT = "shakespeare_gpt_demos"
 FORMATS_CHECKPOINT = "shakespeare_gpt_formats"
+MODERN_CHECKPOINT = "shakespeare_modern"
 SFT_CHECKPOINT = "shakespeare_sft"
 
 
@@ -75,6 +80,22 @@ def load_gpt_weights(model: GPT, name: str) -> None:
     state = shipped_state(name)
     state["lm_head.weight"] = state["wte.weight"]
     model.load_state_dict(state)
+
+
+def shakespeare_modern_info() -> dict[str, Any]:
+    """The JSON stored beside the modern decoder's weights: ``config`` (LlamaConfig fields),
+    the vocabulary, ``figures`` and ``history``, as for the GPT."""
+    return shipped_info(MODERN_CHECKPOINT)
+
+
+def load_shakespeare_modern(device: torch.device | str | None = None) -> Shipped:
+    """Chapter 7.4's modern decoder (float32, eval mode, on ``device``; default CPU) and its
+    tokenizer, the reference GPT's. Its output layer is its own (untied), stored with the rest."""
+    info = shakespeare_modern_info()
+    config = LlamaConfig(**info["config"])
+    model = Llama(config, device=device)
+    model.load_state_dict(shipped_state(MODERN_CHECKPOINT))
+    return Shipped(model.eval(), CharTokenizer(info["chars"], info["special_tokens"]))
 
 
 def shakespeare_sft_info() -> dict[str, Any]:

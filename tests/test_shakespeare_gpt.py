@@ -10,7 +10,10 @@ from lecture_pkg.char_tokenizers import SPECIAL_TOKENS, CharTokenizer
 from lecture_pkg.data import shakespeare, shakespeare_works
 from lecture_pkg.lm_eval import eval_starts, nats_per_char
 from lecture_pkg.models.gpt import GPT
-from lecture_pkg.shakespeare_gpt import DEMOS_CHECKPOINT, FORMATS_CHECKPOINT, load_shakespeare_gpt, shakespeare_gpt_info
+from lecture_pkg.models.llama import Llama
+from lecture_pkg.shakespeare_gpt import (DEMOS_CHECKPOINT, FORMATS_CHECKPOINT, load_shakespeare_gpt,
+                                         load_shakespeare_modern, shakespeare_gpt_info,
+                                         shakespeare_modern_info)
 from lecture_pkg.shakespeare_tasks import SPELLINGS, spelling_accuracy, spelling_words
 
 
@@ -47,6 +50,24 @@ def test_checkpoint_loads_in_eval_mode_and_reproduces_its_recorded_loss(checkpoi
     loss = nats_per_char(model, test, starts, check["length"])
     assert loss == pytest.approx(check["nats_per_char"], abs=2e-5)
     assert info["figures"]["test_slice"]["length"] <= model.config.n_positions
+
+
+def test_modern_checkpoint_reproduces_its_recorded_loss_and_shares_the_gpts_vocabulary() -> None:
+    """Chapter 7.4's modern decoder: a Llama with its own output layer, trained by the reference
+    GPT's recipe (same steps, batch, context and rate); the check slice as recorded."""
+    model, tokenizer = load_shakespeare_modern()
+    info, gpt_info = shakespeare_modern_info(), shakespeare_gpt_info()
+    assert isinstance(model, Llama) and not model.training and info["arch"] == "modern"
+    assert model.lm_head.weight is not model.embed_tokens.weight
+    assert info["chars"] == gpt_info["chars"]
+    assert tokenizer.vocab_size == model.config.vocab_size
+    assert model.context_length == gpt_info["config"]["n_positions"]
+    check = info["figures"]["check_slice"]
+    assert check == {**gpt_info["figures"]["check_slice"], "nats_per_char": check["nats_per_char"]}
+    test = torch.tensor(tokenizer.encode(shakespeare(check["split"])))
+    starts = eval_starts(len(test), check["windows"], check["length"])
+    loss = nats_per_char(model, test, starts, check["length"])
+    assert loss == pytest.approx(check["nats_per_char"], abs=2e-5)
 
 
 @pytest.mark.parametrize("checkpoint", [DEMOS_CHECKPOINT, FORMATS_CHECKPOINT])
