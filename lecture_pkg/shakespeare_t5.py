@@ -14,7 +14,8 @@ vocabulary is :data:`TOKENIZER`, a :class:`lecture_pkg.char_tokenizers.ByteToken
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -28,8 +29,9 @@ from lecture_pkg.ngram import NGramLM
 from lecture_pkg.shipped import Shipped, shipped_info, shipped_state
 
 __all__ = ["CHECKPOINT", "CHUNK", "EOS", "HELD_OUT_SEED", "NOISE", "PAD", "SENTINEL_IDS",
-           "TOKENIZER", "held_out_batches", "load_shakespeare_t5", "ngram_fill_in_accuracy",
-           "shakespeare_t5_info", "small_config", "t5_batch", "t5_eval", "to_chunks"]
+           "TOKENIZER", "SentinelScores", "held_out_batches", "load_shakespeare_t5",
+           "ngram_fill_in_accuracy", "sentinel_scores", "shakespeare_t5_info", "small_config",
+           "t5_batch", "t5_eval", "to_chunks"]
 
 CHUNK, NOISE, MEAN_SPAN = 64, 0.15, 3.0
 CHECKPOINT = "shakespeare_t5"
@@ -97,6 +99,52 @@ def t5_eval(model: T5, batches: list[tuple[Tensor, ...]]) -> dict[str, float]:
             hit[kind] += right[where].sum().item()
             total[kind] += where.sum().item()
     return {f"{kind} accuracy": hit[kind] / total[kind] for kind in hit}
+
+
+class SentinelScores(NamedTuple):
+    """Where decodes put their sentinels, against the targets (see :func:`sentinel_scores`)."""
+
+    precision: float  # share of the decoded sentinels that sit where the target has that one
+    recall: float  # share of the targets' sentinels that the decodes put in their place
+    all_right: float  # share of decodes whose sentinels are exactly the target's, in place
+
+
+def _sentinel_places(tokens: Sequence[int], first_sentinel: int) -> set[tuple[int, int]]:
+    """{(position, id)} of the sentinels of ``tokens`` before its first </s>."""
+    tokens = list(tokens)
+    if EOS in tokens:
+        tokens = tokens[:tokens.index(EOS)]
+    return {(i, t) for i, t in enumerate(tokens) if t >= first_sentinel}
+
+
+def sentinel_scores(decodes: Sequence[Sequence[int]], targets: Sequence[Sequence[int]] | Tensor,
+                    first_sentinel: int = SENTINEL_IDS[0]) -> SentinelScores:
+    """Sentinel precision and recall of decodes, and the share of decodes with every sentinel
+    in the right place. A sentinel is the pair (position, id): position 0 is the first decoded
+    token (the start token left out), so a sentinel in its place means every span before it
+    was written with the right length. Tokens from a sequence's first </s> on do not count.
+    Counts are pooled over all decodes (micro averages); precision is NaN when no decode
+    writes a sentinel.
+
+    decodes: n token-id sequences; targets: n sequences (or an (n, t) tensor), e.g. the labels
+    of :func:`t5_batch`; ids >= ``first_sentinel`` are sentinels."""
+    if isinstance(targets, Tensor):
+        targets = targets.tolist()
+    if len(decodes) != len(targets) or not len(targets):
+        raise ValueError(f"decodes and targets must be as many and not none, got {len(decodes)}"
+                         f" decodes and {len(targets)} targets")
+    hits = written = wanted = exact = 0
+    for decode, target in zip(decodes, targets):
+        got = _sentinel_places(decode, first_sentinel)
+        want = _sentinel_places(target, first_sentinel)
+        if not want:
+            raise ValueError("every target must hold a sentinel before its </s>")
+        hits += len(got & want)
+        written += len(got)
+        wanted += len(want)
+        exact += got == want
+    return SentinelScores(hits / written if written else float("nan"), hits / wanted,
+                          exact / len(targets))
 
 
 def ngram_fill_in_accuracy(lm: NGramLM, batches: list[tuple[Tensor, ...]],

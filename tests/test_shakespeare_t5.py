@@ -11,11 +11,14 @@ import torch
 from lecture_pkg.shakespeare_t5 import (
     CHUNK,
     EOS,
+    PAD,
     SENTINEL_IDS,
     TOKENIZER,
+    SentinelScores,
     held_out_batches,
     load_shakespeare_t5,
     ngram_fill_in_accuracy,
+    sentinel_scores,
     shakespeare_t5_info,
     t5_batch,
     t5_eval,
@@ -101,3 +104,38 @@ def test_ngram_fill_in_accuracy_against_a_loop_over_bytes_and_candidates() -> No
         assert ngram_fill_in_accuracy(lm, batches, two_sided) == pytest.approx(hits / total)
     with pytest.raises(ValueError, match="split"):
         held_out_batches(split="train")
+
+
+def test_sentinel_scores_on_hand_made_decodes() -> None:
+    s0, s1, s2 = SENTINEL_IDS[:3]
+    b = 50  # any byte
+    target = [s0, b, b, s1, b, EOS]
+    perfect = sentinel_scores([target], [target])
+    assert perfect == SentinelScores(1.0, 1.0, 1.0)
+    # tokens after </s> do not count, neither in decodes nor in targets
+    assert sentinel_scores([[s0, b, b, s1, b, EOS, s2]], [target + [PAD]]) == perfect
+    # the first span one byte short: s1 one place early, a miss and a false sentinel
+    assert sentinel_scores([[s0, b, s1, b, b, EOS]], [target]) == SentinelScores(0.5, 0.5, 0.0)
+    # an extra sentinel: precision 2/3, recall 1, not all right
+    extra = sentinel_scores([[s0, b, b, s1, s2, EOS]], [target])
+    assert extra == pytest.approx(SentinelScores(2 / 3, 1.0, 0.0))
+    # the right place but the wrong sentinel is no hit
+    assert sentinel_scores([[s1, b, b, s1, b, EOS]], [target]).recall == 0.5
+    # pooled over decodes (micro averages): 3 hits of 4 written, of 4 wanted; 1 of 2 exact
+    pooled = sentinel_scores([target, [s0, b, s1, b, b, EOS]], torch.tensor([target, target]))
+    assert pooled == SentinelScores(3 / 4, 3 / 4, 0.5)
+    # nothing decoded: precision undefined, recall 0
+    empty = sentinel_scores([[b, b, EOS]], [target])
+    assert np.isnan(empty.precision) and empty.recall == 0.0 and empty.all_right == 0.0
+
+
+def test_sentinel_scores_on_real_targets_and_bad_input() -> None:
+    labels = held_out_batches(batches=1, size=8)[0][1]
+    assert sentinel_scores(labels.tolist(), labels) == SentinelScores(1.0, 1.0, 1.0)
+    shifted = [[PAD] + row[:-1] for row in labels.tolist()]  # every sentinel one place late
+    late = sentinel_scores(shifted, labels)
+    assert late.precision == late.recall == late.all_right == 0.0
+    with pytest.raises(ValueError, match="decodes and targets must be as many"):
+        sentinel_scores(labels.tolist()[:3], labels)
+    with pytest.raises(ValueError, match="every target must hold a sentinel"):
+        sentinel_scores([[2, EOS]], [[2, EOS]])
