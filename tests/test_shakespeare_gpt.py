@@ -11,9 +11,14 @@ from lecture_pkg.data import shakespeare, shakespeare_works
 from lecture_pkg.lm_eval import eval_starts, nats_per_char
 from lecture_pkg.models.gpt import GPT
 from lecture_pkg.models.llama import Llama
-from lecture_pkg.shakespeare_gpt import (DEMOS_CHECKPOINT, FORMATS_CHECKPOINT, load_shakespeare_gpt,
-                                         load_shakespeare_modern, shakespeare_gpt_info,
-                                         shakespeare_modern_info)
+from lecture_pkg.shakespeare_gpt import (
+    DEMOS_CHECKPOINT,
+    FORMATS_CHECKPOINT,
+    load_shakespeare_gpt,
+    load_shakespeare_modern,
+    shakespeare_gpt_info,
+    shakespeare_modern_info,
+)
 from lecture_pkg.shakespeare_tasks import SPELLINGS, spelling_accuracy, spelling_words
 
 

@@ -77,6 +77,8 @@ def test_provenance_records_a_runnable_command_and_the_commit(tmp_path):
 LOADERS = {  # every shipped checkpoint: its loader, its info function, the tokenizer's class
     "shakespeare_gpt": ("shakespeare_gpt", "load_shakespeare_gpt", "shakespeare_gpt_info", "CharTokenizer"),
     "shakespeare_sft": ("shakespeare_gpt", "load_shakespeare_sft", "shakespeare_sft_info", "CharTokenizer"),
+    "shakespeare_modern": ("shakespeare_gpt", "load_shakespeare_modern", "shakespeare_modern_info",
+                           "CharTokenizer"),
     "shakespeare_bert": ("shakespeare_bert", "load_shakespeare_bert", "shakespeare_bert_info", "MLMChars"),
     "shakespeare_t5": ("shakespeare_t5", "load_shakespeare_t5", "shakespeare_t5_info", "ByteTokenizer"),
     "detr_shapes": ("detection", "load_shapes_detr", "shapes_detr_info", None),
