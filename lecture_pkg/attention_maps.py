@@ -57,10 +57,12 @@ def spotlight_vit(config: ViTConfig, token: int, strength: float = 60.0) -> ViT:
     """A ViT of ``config`` whose every head in every layer puts almost all its attention on
     ``token`` (0 is [CLS], 1..N the patches), for any image.
 
-    Every weight is zero except the LayerNorm gains (one), one entry of ``token``'s position
-    vector, the key projections (identity) and the query biases (``strength`` times ``token``'s
-    normalised vector). So every other token's stream is zero, the score of ``token`` is about
-    ``strength * |n|^2 / sqrt(d_head)`` and every other score zero; values, outputs and
+    Every weight is zero except the LayerNorm gains (one), ``token``'s position vector (+1, -1,
+    +1, ... across the width), the key projections (identity) and the query biases
+    (``strength`` times ``token``'s normalised vector n, entries about +-1). So every other
+    token's stream is zero and its score zero, while ``token`` scores
+    ``strength * |n_head|^2 / sqrt(d_head)``, about ``strength * sqrt(d_head)``, in every head;
+    values, outputs and
     feed-forward blocks are zero, so the stream, and with it the attention, is the same in every
     layer. Rollout with ``residual=0`` is then (to within e^-score) a matrix whose every row is
     one-hot at ``token``."""
@@ -74,7 +76,7 @@ def spotlight_vit(config: ViTConfig, token: int, strength: float = 60.0) -> ViT:
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.fill_(1.0 if name.endswith("norm.weight") else 0.0)
-        model.position[0, token, 0] = 1.0
+        model.position[0, token] = torch.tensor([1.0, -1.0]).repeat(d // 2 + 1)[:d]
         spot = F.layer_norm(model.position[0, token], (d,), eps=config.eps)
         for layer in model.layers:
             layer.self_attn.k_proj.weight.copy_(torch.eye(d))

@@ -54,16 +54,17 @@ def test_rollout_equals_a_float64_product() -> None:
     torch.testing.assert_close(got.sum(-1), torch.ones(2, 6))
 
 
-@pytest.mark.parametrize("token", [0, 6])
-def test_rollout_of_a_hand_built_model(token: int) -> None:
-    config = ViTConfig(image_size=8, patch_size=2, num_channels=1, hidden_size=8,
-                       num_layers=3, num_heads=2, intermediate_size=16)
+@pytest.mark.parametrize(("token", "hidden", "heads"),
+                         [(0, 8, 2), (6, 8, 2), (7, 32, 4), (3, 9, 3), (5, 8, 8)])
+def test_rollout_of_a_hand_built_model(token: int, hidden: int, heads: int) -> None:
+    config = ViTConfig(image_size=8, patch_size=2, num_channels=1, hidden_size=hidden,
+                       num_layers=3, num_heads=heads, intermediate_size=16)
     model = spotlight_vit(config, token).eval()
     with torch.no_grad():
         out = model(images(2, 1, 8, 8), output_attentions=True)
     t = 17  # [CLS] and 16 patches
     for weights in out.attentions:  # the model does what it was built to do
-        torch.testing.assert_close(weights[..., token], torch.ones(2, 2, t))
+        torch.testing.assert_close(weights[..., token], torch.ones(2, heads, t))
     gather = torch.zeros(t, t)
     gather[:, token] = 1.0
     torch.testing.assert_close(attention_rollout(out.attentions, 0.0), gather.expand(2, t, t))
