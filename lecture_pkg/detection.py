@@ -11,7 +11,8 @@ in :mod:`lecture_pkg.models.detr`.
 4. :func:`detr_loss`: cross-entropy over every query (the unmatched ones must say "no object",
    whose weight is ``eos_coef``) plus L1 and GIoU on the matched boxes;
 5. :func:`average_precision`: box AP at one IoU threshold, averaged over classes (all-point
-   interpolation of the precision-recall curve);
+   interpolation of the precision-recall curve); :func:`duplicated_objects` (objects answered
+   more than once) and :func:`nms` (greedy non-maximum suppression, for comparison);
 6. a DETR trained and measured with them: :func:`set_loss` (the loss at every decoder layer),
    :func:`detection_ap` (a model's AP on held-out images), and :func:`load_shapes_detr`, the
    checkpoint that ``scripts/train_detr.py`` trains longer.
@@ -45,11 +46,13 @@ __all__ = [
     "box_xyxy_to_cxcywh",
     "detection_ap",
     "detr_loss",
+    "duplicated_objects",
     "generalized_box_iou",
     "hungarian",
     "hungarian_match",
     "load_shapes_detr",
     "match_cost",
+    "nms",
     "set_loss",
     "shapes_detr_info",
     "synthetic_shapes",
@@ -420,6 +423,57 @@ def average_precision(pred_boxes: list[Tensor], pred_scores: list[Tensor],
             (recall_steps * envelope).sum()) if len(hits) else 0.0
     result["ap"] = float(sum(result.values()) / len(result)) if result else 0.0
     return result
+
+
+def _check_detections(boxes: Tensor, scores: Tensor, classes: Tensor) -> None:
+    _check_boxes("pred_boxes", boxes)
+    if boxes.dim() != 2 or scores.shape != boxes.shape[:1] or classes.shape != boxes.shape[:1]:
+        raise ValueError(f"pred_boxes (d, 4), pred_scores (d,) and pred_classes (d,) must agree, "
+                         f"got {tuple(boxes.shape)}, {tuple(scores.shape)}, {tuple(classes.shape)}")
+
+
+def duplicated_objects(pred_boxes: Tensor, pred_scores: Tensor, pred_classes: Tensor,
+                       target_boxes: Tensor, target_classes: Tensor, *,
+                       score_threshold: float = 0.5, iou_threshold: float = 0.5) -> Tensor:
+    """Which true objects of one image a detector answers more than once.
+
+    pred_boxes (d, 4) cxcywh, pred_scores (d,), pred_classes (d,); target_boxes (k, 4) cxcywh,
+    target_classes (k,). Returns (k,) bool: True where at least two predictions with score
+    > ``score_threshold`` and the object's class overlap the object with IoU >= ``iou_threshold``
+    (two confident answers for one object, of which AP counts one as a false positive)."""
+    _check_detections(pred_boxes, pred_scores, pred_classes)
+    target_boxes = _check_boxes("target_boxes", target_boxes).reshape(-1, 4)
+    if target_classes.shape != target_boxes.shape[:1]:
+        raise ValueError(f"target_classes must be ({len(target_boxes)},), "
+                         f"got {tuple(target_classes.shape)}")
+    keep = pred_scores > score_threshold
+    if not keep.any() or len(target_boxes) == 0:
+        return torch.zeros(len(target_boxes), dtype=torch.bool)
+    iou, _ = box_iou(box_cxcywh_to_xyxy(pred_boxes[keep].float()),
+                     box_cxcywh_to_xyxy(target_boxes.float()))  # (d', k)
+    same = pred_classes[keep][:, None] == target_classes[None, :]
+    return ((iou >= iou_threshold) & same).sum(0) >= 2
+
+
+def nms(pred_boxes: Tensor, pred_scores: Tensor, pred_classes: Tensor,
+        iou_threshold: float = 0.5) -> Tensor:
+    """Greedy per-class non-maximum suppression, the step DETR's set loss is meant to make
+    unnecessary: in descending score, keep a box unless a kept box of its class overlaps it
+    with IoU > ``iou_threshold``.
+
+    pred_boxes (d, 4) cxcywh, pred_scores (d,), pred_classes (d,). Returns the kept indices
+    (int64), highest score first (ties keep the lower index first)."""
+    _check_detections(pred_boxes, pred_scores, pred_classes)
+    order = torch.sort(pred_scores, descending=True, stable=True).indices
+    iou, _ = box_iou(*(2 * (box_cxcywh_to_xyxy(pred_boxes.float()),)))
+    suppressed = torch.zeros(len(pred_boxes), dtype=torch.bool)
+    kept = []
+    for i in order.tolist():
+        if suppressed[i]:
+            continue
+        kept.append(i)
+        suppressed |= (iou[i] > iou_threshold) & (pred_classes == pred_classes[i])
+    return torch.tensor(kept, dtype=torch.long)
 
 
 # --------------------------------------------------------------------------------------------

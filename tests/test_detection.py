@@ -18,10 +18,12 @@ from lecture_pkg.detection import (
     box_xyxy_to_cxcywh,
     detection_ap,
     detr_loss,
+    duplicated_objects,
     generalized_box_iou,
     hungarian,
     hungarian_match,
     match_cost,
+    nms,
     synthetic_shapes,
 )
 
@@ -292,6 +294,69 @@ def test_ap_rejects_bad_input() -> None:
         average_precision([], [], [], [], [], 3, iou_threshold=0.0)
     with pytest.raises(ValueError, match="one entry per image"):
         average_precision([torch.zeros(0, 4)], [], [], [], [], 3)
+
+
+def test_duplicated_objects_hand_case() -> None:
+    # object 0 (class 0) is answered twice by confident boxes of its class; object 1
+    # (class 1) once confidently, once with a low score and once by the wrong class
+    gt = torch.tensor([box(0.3, 0.3), box(0.7, 0.7)])
+    gcls = torch.tensor([0, 1])
+    pred = torch.tensor([box(0.3, 0.3), box(0.31, 0.3), box(0.7, 0.7), box(0.7, 0.71),
+                         box(0.71, 0.7)])
+    scores = torch.tensor([0.9, 0.8, 0.9, 0.3, 0.9])
+    pcls = torch.tensor([0, 0, 1, 1, 2])
+    assert duplicated_objects(pred, scores, pcls, gt, gcls).tolist() == [True, False]
+    # lowering the score threshold lets the 0.3 box count: object 1 is answered twice
+    assert duplicated_objects(pred, scores, pcls, gt, gcls,
+                              score_threshold=0.2).tolist() == [True, True]
+    # a second box that misses the object (IoU 0.6 * 0.2 / 0.28 = 0.43 < 0.5) is no duplicate
+    far = torch.tensor([box(0.3, 0.3), box(0.38, 0.3)])
+    assert duplicated_objects(far, scores[:2], pcls[:2], gt, gcls).tolist() == [False, False]
+    none = duplicated_objects(torch.zeros(0, 4), torch.zeros(0),
+                              torch.zeros(0, dtype=torch.long), gt, gcls)
+    assert none.tolist() == [False, False]
+
+
+def test_duplicated_objects_equals_a_loop() -> None:
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        d, k = int(torch.randint(0, 12, (1,), generator=gen)), 4
+        pred = torch.cat([torch.rand(d, 2, generator=gen),
+                          0.1 + 0.3 * torch.rand(d, 2, generator=gen)], 1)
+        gt = torch.cat([torch.rand(k, 2, generator=gen),
+                        0.1 + 0.3 * torch.rand(k, 2, generator=gen)], 1)
+        scores = torch.rand(d, generator=gen)
+        pcls = torch.randint(0, 2, (d,), generator=gen)
+        gcls = torch.randint(0, 2, (k,), generator=gen)
+        iou = box_iou(box_cxcywh_to_xyxy(pred), box_cxcywh_to_xyxy(gt))[0]
+        expected = [sum(1 for i in range(d) if scores[i] > 0.5 and pcls[i] == gcls[j]
+                        and iou[i, j] >= 0.5) >= 2 for j in range(k)]
+        assert duplicated_objects(pred, scores, pcls, gt, gcls).tolist() == expected
+
+
+def test_nms_hand_case_and_properties() -> None:
+    pred = torch.tensor([box(0.3, 0.3), box(0.31, 0.3), box(0.3, 0.3), box(0.7, 0.7)])
+    scores = torch.tensor([0.8, 0.9, 0.7, 0.6])
+    pcls = torch.tensor([0, 0, 1, 0])
+    # box 1 (0.9) suppresses box 0 (same class, IoU 0.9); box 2 has another class
+    assert nms(pred, scores, pcls).tolist() == [1, 2, 3]
+    assert nms(pred, scores, pcls, iou_threshold=0.95).tolist() == [1, 0, 2, 3]
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(20):
+        d = 15
+        boxes = torch.cat([torch.rand(d, 2, generator=gen),
+                           0.1 + 0.3 * torch.rand(d, 2, generator=gen)], 1)
+        scores = torch.rand(d, generator=gen)
+        classes = torch.randint(0, 2, (d,), generator=gen)
+        kept = nms(boxes, scores, classes).tolist()
+        iou = box_iou(*(2 * (box_cxcywh_to_xyxy(boxes),)))[0]
+        for a in kept:  # no two kept boxes of a class overlap above the threshold
+            assert all(classes[a] != classes[b] or iou[a, b] <= 0.5 for b in kept if b != a)
+        for i in set(range(d)) - set(kept):  # each removed box has a better kept cover
+            assert any(classes[a] == classes[i] and iou[a, i] > 0.5 and scores[a] >= scores[i]
+                       for a in kept)
+    with pytest.raises(ValueError, match="pred_scores"):
+        nms(pred, scores[:2], pcls)
 
 
 # ---------------------------------------------------------------------------------------------
