@@ -100,9 +100,7 @@ def grpo_train(model: GPT, reference: GPT, tokenizer: ChatTokenizer,
     device = next(model.parameters()).device
     policy = copy.deepcopy(model)
     reference.eval()
-    opt = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0)
-    sampler = torch.Generator(device=device).manual_seed(seed)
-    picks = torch.Generator().manual_seed(seed)
+    opt, sampler, picks = _optimiser_and_generators(policy, lr, seed, device)
     curve: list[dict[str, float]] = []
     evals: list[dict[str, float]] = []
 
@@ -126,15 +124,9 @@ def grpo_train(model: GPT, reference: GPT, tokenizer: ChatTokenizer,
             logp = token_logprobs(policy(out.ids, out.attention_mask).logits, out.ids)
             loss, kl = grpo_loss(logp, old, ref, advantages, mask, clip_eps, beta)
             if inner == 0:
-                row = {"step": step, "reward": rewards.mean().item(), "kl": kl.item(),
-                       "mixed": mixed.item()}
-                if log_fn is not None:
-                    row.update(log_fn(out.texts, batch))
-                curve.append(row)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad()
+                _record(curve, {"step": step, "reward": rewards.mean().item(),
+                                "kl": kl.item(), "mixed": mixed.item()}, log_fn, out.texts, batch)
+            _update(loss, policy, opt)
         if eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
             measure(step + 1)
     measure(steps)
@@ -152,6 +144,32 @@ def _check_loop(items: Sequence[_Prompted], steps: int, prompts: int, inner_step
         raise ValueError("items must be a non-empty sequence of prompted items")
     if beta < 0:
         raise ValueError(f"beta must be >= 0, got {beta}")
+
+
+def _optimiser_and_generators(module: nn.Module, lr: float, seed: int, device: torch.device
+                              ) -> tuple[torch.optim.AdamW, torch.Generator, torch.Generator]:
+    """AdamW without weight decay on ``module``, and the loop's generators seeded with
+    ``seed``: one on ``device`` that samples answers, one on the CPU that draws prompts."""
+    opt = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=0.0)
+    return (opt, torch.Generator(device=device).manual_seed(seed),
+            torch.Generator().manual_seed(seed))
+
+
+def _record(curve: list[dict[str, float]], row: dict[str, float],
+            log_fn: Callable[[list[str], list], dict[str, float]] | None, texts: list[str],
+            batch: list) -> None:
+    """Append one step's ``row`` to ``curve``, with what ``log_fn`` says of the batch."""
+    if log_fn is not None:
+        row.update(log_fn(texts, batch))
+    curve.append(row)
+
+
+def _update(loss: Tensor, module: nn.Module, opt: torch.optim.Optimizer) -> None:
+    """One optimiser step on ``loss``, gradients clipped to norm 1."""
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad()
 
 
 def _rollout(policy: GPT, tokenizer: ChatTokenizer, items: Sequence[_Prompted],
@@ -211,9 +229,7 @@ def ppo_train(model: GPT, reference: GPT, tokenizer: ChatTokenizer,
     device = next(model.parameters()).device
     agent = ValueHead(copy.deepcopy(model))
     reference.eval()
-    opt = torch.optim.AdamW(agent.parameters(), lr=lr, weight_decay=0.0)
-    sampler = torch.Generator(device=device).manual_seed(seed)
-    picks = torch.Generator().manual_seed(seed)
+    opt, sampler, picks = _optimiser_and_generators(agent, lr, seed, device)
     curve: list[dict[str, float]] = []
     evals: list[dict[str, float]] = []
 
@@ -241,15 +257,10 @@ def ppo_train(model: GPT, reference: GPT, tokenizer: ChatTokenizer,
             v_loss = value_loss(values[:, :-1], old_values, returns, mask, value_clip)
             loss = ppo_clip_loss(logp, old, advantages, mask, clip_eps) + value_coef * v_loss
             if inner == 0:
-                row = {"step": step, "reward": scores.mean().item(),
-                       "kl": masked_mean(old - ref, mask).item(), "value_loss": v_loss.item()}
-                if log_fn is not None:
-                    row.update(log_fn(out.texts, batch))
-                curve.append(row)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(agent.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad()
+                _record(curve, {"step": step, "reward": scores.mean().item(),
+                                "kl": masked_mean(old - ref, mask).item(),
+                                "value_loss": v_loss.item()}, log_fn, out.texts, batch)
+            _update(loss, agent, opt)
         if eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
             measure(step + 1)
     measure(steps)
