@@ -483,20 +483,15 @@ def test_row_losses_on_the_fused_path_match_the_hooked_run():
 
 # ---------------------------------------------------------------- the recorded continuation
 
-def test_induction_continuation_reproduces_a_recorded_row():
+def test_induction_continuation_reproduces_a_recorded_row(load_script):
     """lecture_pkg/recorded/induction_continuation_cpu.json (scripts/induction_continuation.py,
     command and time in benchmarks/RESULTS.md): the first evaluation of the first seed's
     repeat arm, retrained (its first eval_every steps)."""
-    import importlib.util
     import json
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("induction_continuation",
-                                                  root / "scripts" / "induction_continuation.py")
-    assert spec is not None and spec.loader is not None
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("induction_continuation")
     recorded = json.loads((root / "lecture_pkg" / "recorded"
                            / "induction_continuation_cpu.json").read_text())
     assert recorded["settings"] == script.SETTINGS

@@ -4,7 +4,6 @@ padding, the grouped-query cache, and configurations refused by name."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -209,15 +208,11 @@ def test_bad_inputs_are_refused_by_name() -> None:
         ours.generate(ids(), top_k=3)
 
 
-def test_scaling_sweep_script_writes_its_runs(tmp_path) -> None:
+def test_scaling_sweep_script_writes_its_runs(tmp_path, load_script) -> None:
     """scripts/scaling_sweep.py at its tiny preset: every planned run recorded with its config,
     its compute 6ND and a curve that ends at the recorded loss."""
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "scaling_sweep.py"
-    spec = importlib.util.spec_from_file_location("scaling_sweep", path)
-    assert spec is not None and spec.loader is not None
-    sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sweep)
+    sweep = load_script("scaling_sweep")
     out = tmp_path / "sweep.json"
     payload = sweep.main(["--preset", "tiny", "--flops", "1e9", "--holdout-flops", "1e9",
                           "--device", "cpu", "--out", str(out)])
@@ -282,12 +277,8 @@ def test_unknown_ablation_refused_by_name() -> None:
         LlamaConfig(position_embedding="alibi")
 
 
-def test_ablation_script_compares_arms_over_seeds(tmp_path) -> None:
-    path = Path(__file__).resolve().parents[1] / "scripts" / "modern_ablations.py"
-    spec = importlib.util.spec_from_file_location("modern_ablations", path)
-    assert spec is not None and spec.loader is not None
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+def test_ablation_script_compares_arms_over_seeds(tmp_path, load_script) -> None:
+    script = load_script("modern_ablations")
     out = tmp_path / "ablations.json"
     payload = script.main(["--tiny", "--arms", "gpt2", "modern", "relu2", "--device", "cpu",
                            "--out", str(out)])
@@ -299,15 +290,11 @@ def test_ablation_script_compares_arms_over_seeds(tmp_path) -> None:
         assert result["verdict"] in ("better", "worse", "within the noise")
 
 
-def test_ablation_results_reproduce_a_recorded_row() -> None:
+def test_ablation_results_reproduce_a_recorded_row(load_script) -> None:
     """lecture_pkg/recorded/modern_ablations_cpu.json (scripts/modern_ablations.py at the CPU size,
     commit and command in benchmarks/RESULTS.md): the modern arm's seed-0 run, retrained."""
     root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("modern_ablations",
-                                                  root / "scripts" / "modern_ablations.py")
-    assert spec is not None and spec.loader is not None
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("modern_ablations")
     recorded = json.loads((root / "lecture_pkg" / "recorded" / "modern_ablations_cpu.json").read_text())
     args = script.parse_args(["--out", "unused"])
     vars(args).update(recorded["args"])

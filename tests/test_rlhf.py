@@ -5,7 +5,6 @@ by hand from the losses."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -247,16 +246,13 @@ def test_ppo_train_is_seeded_evaluates_on_schedule_and_refuses_bad_input(tokeniz
                   beta=0.0, seed=0, prompts=2)
 
 
-def test_recorded_ppo_vs_grpo_reproduces_a_ppo_row() -> None:
+def test_recorded_ppo_vs_grpo_reproduces_a_ppo_row(load_script) -> None:
     """lecture_pkg/recorded/ppo_vs_grpo_cpu.json (scripts/ppo_vs_grpo.py, command and commit in
     benchmarks/RESULTS.md), read by page 10.2: the first seed's PPO run, retrained. Another CPU
     may sample a few different answers along the way, so the held-out accuracy is compared
     within 0.03 (7 of 219 words), far inside the spread between seeds and methods."""
     root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("ppo_vs_grpo", root / "scripts" / "ppo_vs_grpo.py")
-    assert spec is not None and spec.loader is not None
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("ppo_vs_grpo")
     recorded = json.loads((root / "lecture_pkg" / "recorded" / "ppo_vs_grpo_cpu.json").read_text())
     args = script.parse_args(["--out", "unused"])
     vars(args).update(recorded["args"])
