@@ -23,17 +23,19 @@ from torch import Tensor
 from lecture_pkg.char_tokenizers import ByteTokenizer
 from lecture_pkg.checks import check_int
 from lecture_pkg.data import shakespeare
-from lecture_pkg.masks import apply_span_corruption, random_spans
+from lecture_pkg.masks import IGNORE_INDEX, apply_span_corruption, random_spans
 from lecture_pkg.models.t5 import T5, T5Config, shift_right
 from lecture_pkg.ngram import NGramLM
 from lecture_pkg.shipped import Shipped, shipped_info, shipped_state
 
-__all__ = ["CHECKPOINT", "CHUNK", "EOS", "HELD_OUT_SEED", "NOISE", "PAD", "SENTINEL_IDS",
+__all__ = ["CHECKPOINT", "CHUNK", "EOS", "HELD_OUT_SEED", "MIN_CHUNK", "NOISE",
+           "NOISE_RANGE", "PAD", "SENTINEL_IDS",
            "TOKENIZER", "SentinelScores", "held_out_batches", "load_shakespeare_t5",
            "ngram_fill_in_accuracy", "sentinel_scores", "shakespeare_t5_info", "small_config",
            "t5_batch", "t5_eval", "to_chunks"]
 
 CHUNK, NOISE, MEAN_SPAN = 64, 0.15, 3.0
+MIN_CHUNK, NOISE_RANGE = 24, (0.10, 0.25)  # what ``varied`` batches draw from
 CHECKPOINT = "shakespeare_t5"
 HELD_OUT_SEED = 1000  # the one fixed corruption of the held-out chunks
 TOKENIZER = ByteTokenizer(num_sentinels=16)
@@ -47,11 +49,17 @@ def to_chunks(text: str) -> Tensor:
     return ids[: len(ids) // CHUNK * CHUNK].view(-1, CHUNK)
 
 
-def t5_batch(pool: Tensor, size: int, gen: torch.Generator) -> tuple[Tensor, ...]:
+def t5_batch(pool: Tensor, size: int, gen: torch.Generator,
+             varied: bool = False) -> tuple[Tensor, ...]:
     """(inputs, labels, chunks, noise) for ``size`` chunks drawn from ``pool``:
     inputs (size, CHUNK - N + S + 1) and labels (size, N + S + 1) end with </s>; noise
     (size, CHUNK) marks the dropped bytes. N = round(0.15 * CHUNK) noise bytes in
-    S = round(N / 3) spans, so no row needs padding."""
+    S = round(N / 3) spans, so no row needs padding.
+
+    With ``varied``, each row keeps only the first L bytes of its chunk, L drawn uniformly
+    from [MIN_CHUNK, CHUNK], and its own noise density from NOISE_RANGE, so N and S (and
+    where </s> falls) differ from row to row: inputs are padded with <pad> and labels with
+    IGNORE_INDEX to the batch's longest row, and noise marks bytes of the first L only."""
     check_int("size", size, minimum=1)
     if pool.ndim != 2 or pool.shape[1] != CHUNK:
         raise ValueError(f"pool must have shape (n, {CHUNK}), got {tuple(pool.shape)}")
@@ -59,37 +67,52 @@ def t5_batch(pool: Tensor, size: int, gen: torch.Generator) -> tuple[Tensor, ...
     inputs, labels = [], []
     noise = torch.zeros(size, CHUNK, dtype=torch.bool)
     for row, chunk in enumerate(chunks):
-        spans = random_spans(CHUNK, NOISE, MEAN_SPAN, generator=gen)
-        inp, tgt = apply_span_corruption(chunk, spans, SENTINEL_IDS)
+        length, density = CHUNK, NOISE
+        if varied:
+            length = int(torch.randint(MIN_CHUNK, CHUNK + 1, (1,), generator=gen))
+            low, high = NOISE_RANGE
+            density = low + (high - low) * float(torch.rand(1, generator=gen))
+        spans = random_spans(length, density, MEAN_SPAN, generator=gen)
+        inp, tgt = apply_span_corruption(chunk[:length], spans, SENTINEL_IDS)
         inputs.append([*inp, EOS])
         labels.append([*tgt, EOS])
         for start, end in spans:
             noise[row, start:end] = True
-    return torch.tensor(inputs), torch.tensor(labels), chunks, noise
+    return _padded(inputs, PAD), _padded(labels, IGNORE_INDEX), chunks, noise
+
+
+def _padded(rows: list[list[int]], fill: int) -> Tensor:
+    """(len(rows), longest) ids, shorter rows filled on the right with ``fill``."""
+    out = torch.full((len(rows), max(map(len, rows))), fill)
+    for i, row in enumerate(rows):
+        out[i, :len(row)] = torch.tensor(row)
+    return out
 
 
 def held_out_batches(batches: int = 8, size: int = 64, seed: int = HELD_OUT_SEED,
-                     split: str = "test") -> list[tuple[Tensor, ...]]:
+                     split: str = "test", varied: bool = False) -> list[tuple[Tensor, ...]]:
     """The chapter's held-out evaluation: ``batches`` batches of ``size`` chunks of the works
     of ``split`` ("test", or "validation" for watching a run), drawn and corrupted by one
-    generator seeded with ``seed``."""
+    generator seeded with ``seed`` (``varied``: as :func:`t5_batch`'s)."""
     check_int("batches", batches, minimum=1)
     if split not in ("validation", "test"):
         raise ValueError(f"split must be 'validation' or 'test', got {split!r}")
     pool = to_chunks(shakespeare(split))
     gen = torch.Generator().manual_seed(seed)
-    return [t5_batch(pool, size, gen) for _ in range(batches)]
+    return [t5_batch(pool, size, gen, varied) for _ in range(batches)]
 
 
 @torch.no_grad()
 def t5_eval(model: T5, batches: list[tuple[Tensor, ...]]) -> dict[str, float]:
     """Teacher-forced held-out accuracy: at a dropped byte the most probable byte, at a
-    sentinel or </s> the most probable token of the whole vocabulary."""
+    sentinel or </s> the most probable token of the whole vocabulary. Padding (<pad> in the
+    inputs, IGNORE_INDEX in the labels) is masked and not scored."""
     hit = {"dropped bytes": 0, "sentinels": 0, "</s>": 0}
     total = dict.fromkeys(hit, 0)
     device = next(model.parameters()).device
     for inputs, labels, *_ in batches:
-        logits = model(inputs.to(device), shift_right(labels).to(device)).logits.cpu()
+        logits = model(inputs.to(device), shift_right(labels).to(device),
+                       attention_mask=(inputs != PAD).to(device)).logits.cpu()
         is_byte = (labels >= 2) & (labels < SENTINEL_IDS[0])
         byte_guess = logits[..., 2:SENTINEL_IDS[0]].argmax(-1) + 2
         right = torch.where(is_byte, byte_guess, logits.argmax(-1)) == labels

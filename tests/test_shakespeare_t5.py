@@ -8,9 +8,12 @@ import numpy as np
 import pytest
 import torch
 
+from lecture_pkg.data import shakespeare
 from lecture_pkg.shakespeare_t5 import (
     CHUNK,
     EOS,
+    MIN_CHUNK,
+    NOISE_RANGE,
     PAD,
     SENTINEL_IDS,
     TOKENIZER,
@@ -20,6 +23,7 @@ from lecture_pkg.shakespeare_t5 import (
     ngram_fill_in_accuracy,
     sentinel_scores,
     shakespeare_t5_info,
+    small_config,
     t5_batch,
     t5_eval,
     to_chunks,
@@ -63,6 +67,53 @@ def test_batches_rebuild_their_chunks_and_mark_the_noise() -> None:
         dropped = [t for t in labels[row, :-1].tolist() if t not in SENTINEL_IDS]
         assert dropped == chunks[row][noise[row]].tolist()
         assert labels[row, -2].item() not in SENTINEL_IDS  # T5's sampler ends on a span
+
+
+def test_varied_batches_differ_row_to_row_and_pad_what_is_short() -> None:
+    from lecture_pkg.masks import IGNORE_INDEX
+
+    pool = torch.randint(2, 258, (50, CHUNK))
+    inputs, labels, chunks, noise = t5_batch(pool, 32, torch.Generator().manual_seed(4),
+                                             varied=True)
+    lengths, label_lengths = set(), set()
+    for row in range(32):
+        real_in = inputs[row][inputs[row] != PAD].tolist()
+        real_out = labels[row][labels[row] != IGNORE_INDEX].tolist()
+        assert real_in[-1] == EOS and real_out[-1] == EOS
+        assert inputs[row, len(real_in):].eq(PAD).all()  # padding only on the right
+        rebuilt = _rebuild(real_in, real_out)
+        length = len(rebuilt)
+        assert MIN_CHUNK <= length <= CHUNK and rebuilt == chunks[row, :length].tolist()
+        assert not noise[row, length:].any()
+        density = noise[row].sum().item() / length
+        assert NOISE_RANGE[0] - 1 / length <= density <= NOISE_RANGE[1] + 1 / length
+        lengths.add(length)
+        label_lengths.add(len(real_out))
+    assert len(lengths) > 10 and len(label_lengths) > 3  # the format is no longer a constant
+    again = t5_batch(pool, 32, torch.Generator().manual_seed(4), varied=True)
+    assert all(torch.equal(a, b) for a, b in zip(again, (inputs, labels, chunks, noise)))
+
+
+def test_t5_eval_ignores_padding() -> None:
+    """A padded varied batch scores as its rows do one at a time, unpadded."""
+    from lecture_pkg.masks import IGNORE_INDEX
+    from lecture_pkg.models.t5 import T5
+
+    torch.manual_seed(0)
+    model = T5(small_config()).eval()
+    pool = to_chunks(shakespeare("validation"))[:40]
+    batch = t5_batch(pool, 6, torch.Generator().manual_seed(1), varied=True)
+    inputs, labels = batch[0], batch[1]
+    rows = [(inputs[i:i + 1, :int((inputs[i] != PAD).sum())],
+             labels[i:i + 1, :int((labels[i] != IGNORE_INDEX).sum())]) for i in range(6)]
+    assert {r[0].shape[1] for r in rows} != {inputs.shape[1]}  # some rows were padded
+    padded = t5_eval(model, [batch])
+    one_by_one = [t5_eval(model, [(x, y)]) for x, y in rows]
+    counts = [int(((y >= 2) & (y < SENTINEL_IDS[0])).sum()) for _, y in rows]
+    pooled = sum(f["dropped bytes accuracy"] * n for f, n in zip(one_by_one, counts))
+    assert padded["dropped bytes accuracy"] == pytest.approx(pooled / sum(counts))
+    assert padded["</s> accuracy"] == pytest.approx(
+        sum(f["</s> accuracy"] for f in one_by_one) / 6)
 
 
 def test_shipped_checkpoint_reproduces_its_recorded_figure() -> None:
