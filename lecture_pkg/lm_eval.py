@@ -3,7 +3,9 @@ log-probability of given tokens after given context.
 
 * :func:`eval_starts` spreads fixed evaluation windows over a token stream and
   :func:`nats_per_char` is the mean next-token cross-entropy over them (nats per token; per
-  character for a character model), the held-out figure of the book's Shakespeare GPTs.
+  character for a character model), the held-out figure of the book's Shakespeare GPTs;
+  :func:`window_losses` keeps the loss of every position of every window, for paired
+  comparisons over windows and loss against position in the context.
 * :func:`token_logprobs` and :func:`sequence_logprobs` give log p of each token, and of a
   marked completion, under a model's logits; :func:`pad_right` lays examples in one right-padded
   batch; :func:`answer_logprob` scores candidate answers after prompts, the way GPT-3 (Brown et
@@ -26,7 +28,7 @@ from lecture_pkg.checks import check_bool_mask, check_float_tensor, check_int
 from lecture_pkg.models.gpt import next_token_loss
 
 __all__ = ["answer_logprob", "check_logits_and_mask", "eval_starts", "nats_per_char",
-           "pad_right", "sequence_logprobs", "token_logprobs"]
+           "pad_right", "sequence_logprobs", "token_logprobs", "window_losses"]
 
 
 def eval_starts(n_tokens: int, windows: int, length: int) -> np.ndarray:
@@ -59,6 +61,22 @@ def nats_per_char(model: nn.Module, ids: Tensor, starts: Sequence[int], length: 
         total += next_token_loss(model(batch).logits, batch).item() * n
         count += n
     return total / count
+
+
+@torch.no_grad()
+def window_losses(model: nn.Module, ids: Tensor, starts: Sequence[int], length: int,
+                  batch_size: int = 32) -> np.ndarray:
+    """-ln p of positions 1..length-1 of each window ``ids[s : s + length]``, each predicted
+    from the window's earlier tokens: (len(starts), length - 1) float64. Its mean is
+    :func:`nats_per_char` of the same windows. ids: (n,) integer tensor; ``model(batch).logits``
+    is read."""
+    if ids.ndim != 1:
+        raise ValueError(f"ids must be a 1-D tensor (n,), got shape {tuple(ids.shape)}")
+    check_int("length", length, minimum=2)
+    device = next(model.parameters()).device
+    windows = ids[torch.as_tensor(np.asarray(starts))[:, None] + torch.arange(length)]
+    return torch.cat([-token_logprobs(model(w).logits, w).cpu()
+                      for w in windows.to(device).split(batch_size)]).double().numpy()
 
 
 def check_logits_and_mask(logits: Tensor, input_ids: Tensor, completion_mask: Tensor) -> None:
