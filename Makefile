@@ -101,7 +101,7 @@ checkpoint-bert: install
 	OMP_NUM_THREADS=1 $(PY) scripts/train_bert.py --steps 2000 --export lecture_pkg/checkpoints
 
 checkpoint-t5: install
-	OMP_NUM_THREADS=1 $(PY) scripts/train_t5.py --steps 3600 --export lecture_pkg/checkpoints
+	OMP_NUM_THREADS=1 $(PY) scripts/train_t5.py --steps 4000 --varied --export lecture_pkg/checkpoints
 
 checkpoint-detr: install
 	OMP_NUM_THREADS=1 $(PY) scripts/train_detr.py --steps 4000

@@ -124,6 +124,8 @@ def test_shipped_checkpoint_reproduces_its_recorded_figure() -> None:
     for kind, value in got.items():
         assert value == pytest.approx(check[kind], abs=1e-3), kind
     assert figures["test"]["</s> accuracy"] > 0.5 and figures["test"]["sentinels accuracy"] > 0.5
+    assert figures["varied"] and set(figures["history"]) == {"steps", "validation",
+                                                             "validation_varied"}
 
 
 def test_ngram_fill_in_accuracy_against_a_loop_over_bytes_and_candidates() -> None:
