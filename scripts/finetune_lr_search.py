@@ -38,7 +38,7 @@ from lecture_pkg.docstring_task import (
     loss_on,
 )
 
-GRID = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)  # half-decade steps, shared by every method
+GRID = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1)  # half-decade steps, for every method
 STEPS, BATCH = 40, 16
 
 
