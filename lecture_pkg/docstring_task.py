@@ -46,7 +46,8 @@ from lecture_pkg.training import train, warmup_cosine
 
 __all__ = [
     "ALL_LINEAR", "DOMAINS", "METHODS", "DocstringClassifier", "DocstringTask", "FitResult",
-    "accuracy", "docstrings_by_package", "fit_classifier", "load_docstring_task",
+    "accuracy", "adapter_classifier", "docstrings_by_package", "frozen_classifier",
+    "lora_classifier", "fit_classifier", "load_docstring_task",
     "load_finetune_lr_search", "loss_on",
 ]
 
@@ -179,17 +180,24 @@ class DocstringClassifier(nn.Module):
         return self.head(mean_pool(x, pool_mask))
 
 
-def _frozen(task: DocstringTask, prompt: SoftPrompt | None = None) -> DocstringClassifier:
+def frozen_classifier(task: DocstringTask,
+                      prompt: SoftPrompt | None = None) -> DocstringClassifier:
+    """The classifier with its encoder frozen: only the head (and ``prompt``, if given)
+    trains."""
     model = DocstringClassifier(task.bert, task.n_layers, task.n_classes, prompt)
     mark_only_trainable(model, also=("head",))
     return model
 
 
-def _lora(r: int, targets: tuple[str, ...] = ("q_proj", "v_proj"), nf4: bool = False,
-          rslora: bool = False) -> Callable[[DocstringTask], nn.Module]:
-    # alpha = 2r: the scale alpha / r is 2 at every rank; with rsLoRA alpha / sqrt(r) is 2 at
-    # r = 8 (the same layer as plain LoRA r = 8) and the first step's size is flat in r
-    alpha = 2 * 8**0.5 * r**0.5 if rslora else 2 * r
+def lora_classifier(r: int, targets: tuple[str, ...] = ("q_proj", "v_proj"),
+                    nf4: bool = False,
+                    rslora: bool = False) -> Callable[[DocstringTask], nn.Module]:
+    """A builder task -> classifier with LoRA of rank ``r`` on the ``targets`` (frozen in
+    NF4 with ``nf4=True``: QLoRA); only the LoRA factors and the head train."""
+    # alpha = 2r: the scale alpha / r is 2 at every rank. rsLoRA: alpha = 2 sqrt(8), so the
+    # scale alpha / sqrt(r) is 2 at r = 8 (the same layer as plain LoRA r = 8) and the first
+    # step's size is about flat in r
+    alpha = 2 * 8**0.5 if rslora else 2 * r
 
     def make(task: DocstringTask) -> nn.Module:
         model = DocstringClassifier(task.bert, task.n_layers, task.n_classes)
@@ -201,7 +209,9 @@ def _lora(r: int, targets: tuple[str, ...] = ("q_proj", "v_proj"), nf4: bool = F
     return make
 
 
-def _adapters(task: DocstringTask) -> nn.Module:
+def adapter_classifier(task: DocstringTask) -> nn.Module:
+    """The classifier with Houlsby adapters (bottleneck 8) after the attention output and
+    the feed-forward block; only the adapters and the head train."""
     model = DocstringClassifier(task.bert, task.n_layers, task.n_classes)
     add_adapters(model, ("out_proj", "linear2"), bottleneck=8)
     mark_only_trainable(model, also=("head",))
@@ -209,19 +219,19 @@ def _adapters(task: DocstringTask) -> nn.Module:
 
 
 METHODS: dict[str, Callable[[DocstringTask], nn.Module]] = {
-    "head only (frozen encoder)": _frozen,
+    "head only (frozen encoder)": frozen_classifier,
     "full fine-tuning": lambda task: DocstringClassifier(task.bert, task.n_layers,
                                                          task.n_classes),
-    "LoRA r=1 (q, v)": _lora(1),
-    "LoRA r=8 (q, v)": _lora(8),
-    "LoRA r=32 (q, v)": _lora(32),
-    "rsLoRA r=1 (q, v)": _lora(1, rslora=True),
-    "rsLoRA r=32 (q, v)": _lora(32, rslora=True),
-    "LoRA r=8 (all linear)": _lora(8, ALL_LINEAR),
-    "Houlsby adapters, bottleneck 8": _adapters,
-    "prompt tuning, 8 tokens": lambda task: _frozen(
+    "LoRA r=1 (q, v)": lora_classifier(1),
+    "LoRA r=8 (q, v)": lora_classifier(8),
+    "LoRA r=32 (q, v)": lora_classifier(32),
+    "rsLoRA r=1 (q, v)": lora_classifier(1, rslora=True),
+    "rsLoRA r=32 (q, v)": lora_classifier(32, rslora=True),
+    "LoRA r=8 (all linear)": lora_classifier(8, ALL_LINEAR),
+    "Houlsby adapters, bottleneck 8": adapter_classifier,
+    "prompt tuning, 8 tokens": lambda task: frozen_classifier(
         task, SoftPrompt(8, task.embedded.shape[-1], init=task.prompt_init)),
-    "QLoRA r=8 (q, v; NF4 + DQ)": _lora(8, nf4=True),
+    "QLoRA r=8 (q, v; NF4 + DQ)": lora_classifier(8, nf4=True),
 }
 """Each method's model, built from the task: ``METHODS[name](task)``; its trainable
 parameters are those with ``requires_grad``. LoRA uses alpha = 2r (scale 2 at every rank);
