@@ -110,12 +110,12 @@ def test_fit_checks_its_arguments(task) -> None:
 
 def test_fit_is_deterministic_and_learns(task) -> None:
     make = METHODS["head only (frozen encoder)"]
-    a = fit_classifier(task, make, lr=1e-2, seed=3, steps=10)
-    b = fit_classifier(task, make, lr=1e-2, seed=3, steps=10)
+    a = fit_classifier(task, make, lr=0.1, seed=3, steps=20)
+    b = fit_classifier(task, make, lr=0.1, seed=3, steps=20)
     assert a.losses == b.losses
     assert torch.equal(a.model.head.weight, b.model.head.weight)
-    assert a.losses[-1] < a.losses[0]
-    assert accuracy(a.model, task, task.val_idx) > 0.4  # four classes: chance is 0.25
+    assert a.losses[-1] < 0.8 * a.losses[0]
+    assert accuracy(a.model, task, task.val_idx) > 0.5  # four classes: chance is 0.25
 
 
 def test_a_recorded_run_reproduces(task, load_script, monkeypatch) -> None:
