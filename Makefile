@@ -183,3 +183,10 @@ bench: install
 
 clean:
 	rm -rf _build .pytest_cache
+
+# Chapter 9's fine-tuning methods, each at its own learning rate chosen on validation data (one
+# shared grid, 3 seeds per rate; the test set once per method, 5 seeds); about 20-30 min on one
+# CPU thread (benchmarks/RESULTS.md has the time).
+.PHONY: finetune-lr-search
+finetune-lr-search: install
+	OMP_NUM_THREADS=1 $(PY) scripts/finetune_lr_search.py --out lecture_pkg/recorded/finetune_lr_search_cpu.json
