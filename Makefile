@@ -183,3 +183,7 @@ bench: install
 
 clean:
 	rm -rf _build .pytest_cache
+
+# Chapter 8.3's shipped DETR on the cluttered scenes (benchmarks/RESULTS.md, last section)
+checkpoint-detr-cluttered: install
+	OMP_NUM_THREADS=1 $(PY) scripts/train_detr.py --scenes cluttered --steps 2000 --train-n 12000

@@ -190,8 +190,8 @@ def tune_threshold_detector(images: Tensor, target_boxes: list[Tensor],
     feature and its ``thresholds``, ``windows`` (contrast only), ``min_areas`` and
     (square_fill, circle_fill) pairs in ``fills``; the score is AP averaged over
     ``iou_thresholds``. Returns the best settings as keyword arguments, plus ``"val_ap"``."""
-    thresholds = thresholds or {"brightness": (0.5, 0.6, 0.7, 0.8),
-                                "contrast": (0.15, 0.25, 0.35, 0.45)}
+    thresholds = thresholds or {"brightness": (0.6, 0.7, 0.8),
+                                "contrast": (0.2, 0.3, 0.4)}
     images = _check_images(images)
     best: dict = {"val_ap": -1.0}
     for feature, values in thresholds.items():
@@ -289,7 +289,7 @@ def _suppress(rows: Tensor, nms_iou: float, max_detections: int) -> tuple[Tensor
 
 def template_detector(images: Tensor, sizes: Iterable[int] = range(5, 15), *,
                       min_score: float = 0.5, nms_iou: float = 0.3,
-                      max_detections: int = 20, candidates: int = 100) -> Detections:
+                      max_detections: int = 10, candidates: int = 100) -> Detections:
     """Sliding-window detection: :func:`template_scores` for every shape and every side in
     ``sizes``; a window that scores at least ``min_score`` and is a local maximum (3 x 3
     positions, same shape and side) is a candidate; per image the ``candidates`` best go
@@ -316,13 +316,13 @@ def tune_template_detector(images: Tensor, target_boxes: list[Tensor],
                            sizes: Iterable[int] = range(5, 15),
                            iou_thresholds: Sequence[float] = (0.5, 0.75)) -> dict:
     """Grid search of :func:`template_detector`'s ``min_score`` and ``nms_iou`` on validation
-    scenes by AP averaged over ``iou_thresholds``. Returns the best as keyword arguments, plus
-    ``"val_ap"``."""
+    scenes by AP averaged over ``iou_thresholds`` (other settings at their defaults). Returns
+    the best as keyword arguments, plus ``"val_ap"``."""
     images = _check_images(images)
     best: dict = {"val_ap": -1.0}
     rows = _template_candidates(images, list(sizes), min(min_scores), 100)
     for min_score, nms_iou in itertools.product(min_scores, nms_ious):
-        found = [_suppress(r[r[:, 0] >= min_score], nms_iou, 20) for r in rows]
+        found = [_suppress(r[r[:, 0] >= min_score], nms_iou, 10) for r in rows]
         det = Detections(*(list(x) for x in zip(*found)))
         ap = _coco_ap(det, target_boxes, target_classes, iou_thresholds)
         if ap > best["val_ap"]:

@@ -1,9 +1,13 @@
 """Object detection as set prediction (DETR, Carion et al., 2020) on synthetic shapes (chapter
 8.3): data, boxes, matching, loss, the AP metric and the book's shipped DETR. The model itself is
-in :mod:`lecture_pkg.models.detr`.
+in :mod:`lecture_pkg.models.detr`; detectors that learn nothing, the baselines, are in
+:mod:`lecture_pkg.classical_detection`.
 
 1. :func:`synthetic_shapes`: images of 1-4 coloured squares, circles and triangles with their
-   boxes and classes, deterministic from a ``torch.Generator``;
+   boxes and classes, separated on a dark background (a threshold solves them exactly), and
+   :func:`cluttered_shapes`: 1-5 shapes that touch and overlap on a textured background
+   crossed by lines (the task the page and the shipped DETR use); both deterministic from a
+   ``torch.Generator`` and listed by name in :data:`SCENES`;
 2. box arithmetic: corner/centre conversions, pairwise IoU and generalised IoU (GIoU);
 3. :func:`hungarian`: the Hungarian algorithm (Kuhn-Munkres with potentials, O(n^2 m)) for a
    rectangular cost matrix, and :func:`hungarian_match`: DETR's one-to-one matching of queries
@@ -15,7 +19,7 @@ in :mod:`lecture_pkg.models.detr`.
    more than once) and :func:`nms` (greedy non-maximum suppression, for comparison);
 6. a DETR trained and measured with them: :func:`set_loss` (the loss at every decoder layer),
    :func:`detection_ap` (a model's AP on held-out images), and :func:`load_shapes_detr`, the
-   checkpoint that ``scripts/train_detr.py`` trains longer.
+   checkpoint that ``scripts/train_detr.py`` trains longer on :func:`cluttered_shapes`.
 
 Boxes are ``(cx, cy, w, h)`` normalised by the image size unless a name says ``xyxy``
 (``(x0, y0, x1, y1)``). Classes are ``0 .. num_classes - 1``; the model's extra last logit is
@@ -640,13 +644,14 @@ def detection_ap(model: DETR, images: Tensor, target_boxes: list[Tensor],
 
 
 def shapes_detr_info() -> dict[str, Any]:
-    """The JSON stored beside the shipped DETR's weights: ``config`` (DETRConfig fields), the
-    training settings and data seeds, ``seconds`` and ``heldout_ap50``."""
+    """The JSON stored beside the shipped DETR's weights: ``config`` (DETRConfig fields),
+    ``scenes`` (its task, a key of :data:`SCENES`), the training settings and data seeds,
+    ``seconds``, the validation ``curve`` (step, loss, AP50, seconds) and ``heldout_ap50``."""
     return shipped_info(CHECKPOINT)
 
 
 def load_shapes_detr(device: torch.device | str | None = None) -> Shipped:
-    """The DETR trained longer on :func:`synthetic_shapes` by ``scripts/train_detr.py``
+    """The DETR trained longer on :func:`cluttered_shapes` by ``scripts/train_detr.py``
     (float32, eval mode, on ``device``; default CPU), with no tokenizer (``None``): it reads
     pixels. Its recorded figures are in :func:`shapes_detr_info`."""
     model = DETR(DETRConfig(**shapes_detr_info()["config"]))

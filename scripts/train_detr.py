@@ -1,6 +1,6 @@
 """Train the small DETR of chapter 8.3 on synthetic scenes and save it as a checkpoint.
 
-    OMP_NUM_THREADS=1 nice -n 15 python scripts/train_detr.py --scenes cluttered --steps 3000
+    OMP_NUM_THREADS=1 python scripts/train_detr.py --scenes cluttered --steps 2000 --train-n 12000
 
 Writes lecture_pkg/checkpoints/detr_shapes.safetensors and detr_shapes.json (config, scene
 kind, steps, seconds, the validation curve, held-out AP@0.5 with the data seeds). Training
@@ -32,8 +32,8 @@ TRAIN_SEED, TEST_SEED, VAL_SEED, TEST_N, VAL_N = 0, 1, 3, 1000, 300
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=6000)
-    parser.add_argument("--train-n", type=int, default=20000)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--train-n", type=int, default=12000)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--name", default="detr_shapes")

@@ -187,7 +187,7 @@ def test_template_detector_finds_a_lone_shape(kind: int) -> None:
     assert found.classes[0][0] == kind
     torch.testing.assert_close(found.boxes[0][0], torch.tensor([9.0, 21, 12, 12]) / 32)
     assert found.scores[0][0] == pytest.approx(1.0, abs=1e-4)
-    assert len(found.boxes[0]) <= 20 and (found.scores[0].diff() <= 0).all()
+    assert len(found.boxes[0]) <= 10 and (found.scores[0].diff() <= 0).all()
 
 
 def test_template_detector_on_the_uncluttered_scenes() -> None:
