@@ -190,3 +190,6 @@ clean:
 .PHONY: finetune-lr-search
 finetune-lr-search: install
 	OMP_NUM_THREADS=1 $(PY) scripts/finetune_lr_search.py --out lecture_pkg/recorded/finetune_lr_search_cpu.json
+# Chapter 8.3's shipped DETR on the cluttered scenes (benchmarks/RESULTS.md, last section)
+checkpoint-detr-cluttered: install
+	OMP_NUM_THREADS=1 $(PY) scripts/train_detr.py --scenes cluttered --steps 2000 --train-n 12000

@@ -1,9 +1,13 @@
 """Object detection as set prediction (DETR, Carion et al., 2020) on synthetic shapes (chapter
 8.3): data, boxes, matching, loss, the AP metric and the book's shipped DETR. The model itself is
-in :mod:`lecture_pkg.models.detr`.
+in :mod:`lecture_pkg.models.detr`; detectors that learn nothing, the baselines, are in
+:mod:`lecture_pkg.classical_detection`.
 
 1. :func:`synthetic_shapes`: images of 1-4 coloured squares, circles and triangles with their
-   boxes and classes, deterministic from a ``torch.Generator``;
+   boxes and classes, separated on a dark background (a threshold solves them exactly), and
+   :func:`cluttered_shapes`: 1-5 shapes that touch and overlap on a textured background
+   crossed by lines (the task the page and the shipped DETR use); both deterministic from a
+   ``torch.Generator`` and listed by name in :data:`SCENES`;
 2. box arithmetic: corner/centre conversions, pairwise IoU and generalised IoU (GIoU);
 3. :func:`hungarian`: the Hungarian algorithm (Kuhn-Munkres with potentials, O(n^2 m)) for a
    rectangular cost matrix, and :func:`hungarian_match`: DETR's one-to-one matching of queries
@@ -15,7 +19,7 @@ in :mod:`lecture_pkg.models.detr`.
    more than once) and :func:`nms` (greedy non-maximum suppression, for comparison);
 6. a DETR trained and measured with them: :func:`set_loss` (the loss at every decoder layer),
    :func:`detection_ap` (a model's AP on held-out images), and :func:`load_shapes_detr`, the
-   checkpoint that ``scripts/train_detr.py`` trains longer.
+   checkpoint that ``scripts/train_detr.py`` trains longer on :func:`cluttered_shapes`.
 
 Boxes are ``(cx, cy, w, h)`` normalised by the image size unless a name says ``xyxy``
 (``(x0, y0, x1, y1)``). Classes are ``0 .. num_classes - 1``; the model's extra last logit is
@@ -38,12 +42,15 @@ from lecture_pkg.shipped import Shipped, shipped_info, shipped_state
 __all__ = [
     "CHECKPOINT",
     "CLASS_NAMES",
+    "SCENES",
+    "Scenes",
     "ShapesData",
     "average_precision",
     "box_area",
     "box_cxcywh_to_xyxy",
     "box_iou",
     "box_xyxy_to_cxcywh",
+    "cluttered_shapes",
     "detection_ap",
     "detr_loss",
     "duplicated_objects",
@@ -134,6 +141,135 @@ def synthetic_shapes(n: int, image_size: int = 32, generator: torch.Generator | 
         all_boxes.append(box_xyxy_to_cxcywh(xyxy))
         all_classes.append(torch.tensor(kinds, dtype=torch.long))
     return ShapesData(images, all_boxes, all_classes)
+
+
+class Scenes(NamedTuple):
+    """images: (n, 3, size, size) in [0, 1]; boxes[i]: (k_i, 4) normalised cxcywh (each
+    object's whole bounding square, also where something covers part of it);
+    classes[i]: (k_i,) int64 indices into :data:`CLASS_NAMES`; visible[i]: (k_i, size, size)
+    bool, the pixels of each object that nothing drawn later covers."""
+
+    images: Tensor
+    boxes: list[Tensor]
+    classes: list[Tensor]
+    visible: list[Tensor]
+
+
+def _stroke_mask(x0: float, y0: float, x1: float, y1: float, size: int) -> Tensor:
+    """(size, size) bool: the pixels a one-pixel line from (x0, y0) to (x1, y1) passes."""
+    steps = int(2 * max(abs(x1 - x0), abs(y1 - y0))) + 2
+    t = torch.linspace(0, 1, steps)
+    xs = (x0 + t * (x1 - x0)).floor().long().clamp(0, size - 1)
+    ys = (y0 + t * (y1 - y0)).floor().long().clamp(0, size - 1)
+    mask = torch.zeros(size, size, dtype=torch.bool)
+    mask[ys, xs] = True
+    return mask
+
+
+def cluttered_shapes(n: int, image_size: int = 32, generator: torch.Generator | None = None,
+                     max_objects: int = 5, min_size: int = 5, max_size: int = 14,
+                     max_overlap: float = 0.4, min_visible: float = 0.6, strokes: int = 6,
+                     texture: float = 0.45, noise: float = 0.05,
+                     min_brightness: float = 0.45) -> Scenes:
+    """``n`` scenes that a fixed threshold cannot take apart: 1..``max_objects`` squares,
+    circles and triangles (side in [min_size, max_size] px, colour from a palette times a
+    brightness in [min_brightness, 1]) that may touch and overlap (box IoU up to
+    ``max_overlap``; a later shape covers an earlier one, which keeps at least ``min_visible``
+    of its pixels; overlapping shapes differ in colour), on a smooth coloured texture of
+    amplitude ``texture``, with ``strokes`` one-pixel lines in the palette's colours (half
+    behind the shapes, half across them) and Gaussian pixel noise of std ``noise``.
+
+    The box of a shape is its whole bounding square (as for :func:`synthetic_shapes`), also
+    where it is partly covered. Same generator state, same scenes."""
+    check_int("n", n, minimum=1)
+    check_int("image_size", image_size, minimum=8)
+    check_int("max_objects", max_objects, minimum=1)
+    check_int("min_size", min_size, minimum=3)
+    check_int("max_size", max_size, minimum=min_size)
+    check_int("strokes", strokes, minimum=0)
+    if max_size > image_size // 2:
+        raise ValueError(f"max_size must be at most image_size // 2 = {image_size // 2}, "
+                         f"got {max_size}")
+    for name, value, low, high in (("max_overlap", max_overlap, 0.0, 1.0),
+                                   ("min_visible", min_visible, 0.0, 1.0),
+                                   ("texture", texture, 0.0, 1.0), ("noise", noise, 0.0, 1.0),
+                                   ("min_brightness", min_brightness, 0.05, 1.0)):
+        if not (isinstance(value, (int, float)) and low <= value <= high):
+            raise ValueError(f"{name} must be a number in [{low}, {high}], got {value!r}")
+    g, size = generator, image_size
+
+    def randint(low: int, high: int) -> int:  # inclusive
+        return int(torch.randint(low, high + 1, (1,), generator=g))
+
+    def uniform(low: float, high: float) -> float:
+        return low + (high - low) * float(torch.rand((), generator=g))
+
+    def stroke() -> tuple[Tensor, Tensor]:
+        x0, y0 = uniform(0, size), uniform(0, size)
+        angle, length = uniform(0, math.pi), uniform(size / 5, size / 1.5)
+        mask = _stroke_mask(x0, y0, x0 + length * math.cos(angle),
+                            y0 + length * math.sin(angle), size)
+        return mask, _PALETTE[randint(0, len(_PALETTE) - 1)] * uniform(min_brightness, 1.0)
+
+    coarse = torch.rand(n, 3, 5, 5, generator=g)
+    base = 0.25 * torch.rand(n, 1, 1, 1, generator=g)
+    images = base + texture * F.interpolate(coarse, size=(size, size), mode="bicubic",
+                                            align_corners=True).clamp(0, 1)
+    all_boxes, all_classes, all_visible = [], [], []
+    for i in range(n):
+        image = images[i]
+        for _ in range(strokes // 2):  # behind the shapes
+            mask, colour = stroke()
+            image[:, mask] = colour[:, None]
+        placed: list[tuple[int, int, int]] = []
+        kinds: list[int] = []
+        colours: list[int] = []
+        visible: list[Tensor] = []  # what is still seen of each shape
+        fulls: list[Tensor] = []  # each shape's own pixels
+        for _ in range(randint(1, max_objects)):
+            kind, s = randint(0, len(CLASS_NAMES) - 1), randint(min_size, max_size)
+            for _attempt in range(30):  # rejection sampling: bounded overlap, enough visible
+                x0, y0 = randint(0, size - s), randint(0, size - s)
+                box = torch.tensor([[x0, y0, x0 + s, y0 + s]], dtype=torch.float32)
+                if placed:
+                    others = torch.tensor([[a, c, a + b, c + b] for a, c, b in placed],
+                                          dtype=torch.float32)
+                    if float(box_iou(box, others)[0].max()) > max_overlap:
+                        continue
+                mask = _shape_mask(kind, x0, y0, s, size)
+                if all(int((v & ~mask).sum()) >= min_visible * int(full.sum())
+                       for v, full in zip(visible, fulls)):
+                    break
+            else:
+                continue
+            touching = {colours[j] for j, (a, c, b) in enumerate(placed)
+                        if not (x0 + s < a or a + b < x0 or y0 + s < c or c + b < y0)}
+            choices = [k for k in range(len(_PALETTE)) if k not in touching]
+            colour = choices[randint(0, len(choices) - 1)]
+            image[:, mask] = _PALETTE[colour][:, None] * uniform(min_brightness, 1.0)
+            visible = [v & ~mask for v in visible]
+            fulls.append(mask)
+            visible.append(mask.clone())
+            placed.append((x0, y0, s))
+            kinds.append(kind)
+            colours.append(colour)
+        for _ in range(strokes - strokes // 2):  # across the shapes, never hiding too much
+            mask, colour = stroke()
+            if all(int((v & ~mask).sum()) >= min_visible * int(full.sum())
+                   for v, full in zip(visible, fulls)):
+                image[:, mask] = colour[:, None]
+                visible = [v & ~mask for v in visible]
+        xyxy = torch.tensor([[x0, y0, x0 + s, y0 + s] for x0, y0, s in placed],
+                            dtype=torch.float32).reshape(-1, 4) / size
+        all_boxes.append(box_xyxy_to_cxcywh(xyxy))
+        all_classes.append(torch.tensor(kinds, dtype=torch.long))
+        all_visible.append(torch.stack(visible) if visible
+                           else torch.zeros(0, size, size, dtype=torch.bool))
+    images = (images + noise * torch.randn(images.shape, generator=g)).clamp(0, 1)
+    return Scenes(images, all_boxes, all_classes, all_visible)
+
+
+SCENES = {"shapes": synthetic_shapes, "cluttered": cluttered_shapes}  # the two tasks, by name
 
 
 # --------------------------------------------------------------------------------------------
@@ -508,13 +644,14 @@ def detection_ap(model: DETR, images: Tensor, target_boxes: list[Tensor],
 
 
 def shapes_detr_info() -> dict[str, Any]:
-    """The JSON stored beside the shipped DETR's weights: ``config`` (DETRConfig fields), the
-    training settings and data seeds, ``seconds`` and ``heldout_ap50``."""
+    """The JSON stored beside the shipped DETR's weights: ``config`` (DETRConfig fields),
+    ``scenes`` (its task, a key of :data:`SCENES`), the training settings and data seeds,
+    ``seconds``, the validation ``curve`` (step, loss, AP50, seconds) and ``heldout_ap50``."""
     return shipped_info(CHECKPOINT)
 
 
 def load_shapes_detr(device: torch.device | str | None = None) -> Shipped:
-    """The DETR trained longer on :func:`synthetic_shapes` by ``scripts/train_detr.py``
+    """The DETR trained longer on :func:`cluttered_shapes` by ``scripts/train_detr.py``
     (float32, eval mode, on ``device``; default CPU), with no tokenizer (``None``): it reads
     pixels. Its recorded figures are in :func:`shapes_detr_info`."""
     model = DETR(DETRConfig(**shapes_detr_info()["config"]))

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from lecture_pkg.detection import (
+    SCENES,
     detection_ap,
     detr_loss,
     load_shapes_detr,
@@ -124,7 +125,12 @@ def test_config_and_input_errors() -> None:
 def test_checkpoint_reproduces_its_recorded_heldout_ap() -> None:
     net, _ = load_shapes_detr()
     meta = shapes_detr_info()
-    test = synthetic_shapes(meta["test_n"],
-                            generator=torch.Generator().manual_seed(meta["test_seed"]))
+    assert meta["scenes"] == "cluttered"  # the page's task
+    test = SCENES[meta["scenes"]](meta["test_n"],
+                                  generator=torch.Generator().manual_seed(meta["test_seed"]))
     ap = detection_ap(net, test.images, test.boxes, test.classes)
     assert ap["ap"] == pytest.approx(meta["heldout_ap50"], abs=2e-3)
+    # the validation curve printed during training came from other scenes, and it rose
+    steps, _, val_ap, _ = zip(*meta["curve"])
+    assert meta["val_seed"] not in (meta["test_seed"], meta["train_seed"])
+    assert steps[-1] == meta["steps"] and val_ap[-1] > val_ap[0]
