@@ -28,8 +28,8 @@ recipe as the reference GPT, the architecture the only change (``make checkpoint
         --n-layer 4 --n-embd 128 --n-head 4 --block-size 128 --batch-size 32 --steps 7000 \
         --lr 3e-3 --warmup 200 --eval-every 500 --export lecture_pkg/checkpoints
 
-Every evaluation overwrites the export; the shipped files are the export whose step the JSON
-records (``figures["steps"]``).
+Every evaluation overwrites the export; the shipped files are the final export, whose step the
+JSON records (``figures["steps"]``).
 
 Several processes on one machine (gloo on CPUs, nccl with one GPU per process)::
 
@@ -39,11 +39,13 @@ Several processes on one machine (gloo on CPUs, nccl with one GPU per process)::
 rows of the same global batch, and DDP averages the gradients, so the parameters follow the
 single-process run on the same global batch (tests/test_gpt.py checks this on 2 CPU processes).
 
-The vocabulary is every character of the 42 works plus the special tokens of
-:data:`lecture_pkg.char_tokenizers.SPECIAL_TOKENS`. Training reads the 34 training works; the
-validation works give the curve, the test works the recorded figures. ``--export DIR`` writes
-``shakespeare_gpt.safetensors`` (float16) and ``shakespeare_gpt.json`` at every evaluation, so
-the latest export is always usable.
+The vocabulary is every character of the 34 training works plus the special tokens of
+:data:`lecture_pkg.char_tokenizers.SPECIAL_TOKENS` (the validation and test works use no other
+character). Training reads the training works; the validation works give the curve, the test
+works the recorded figures, measured once, after the last step. ``--export DIR`` writes
+``shakespeare_gpt.safetensors`` (float16) and ``shakespeare_gpt.json`` at every evaluation
+(validation figures only), so the latest export is always usable, and once more at the end with
+the test figures.
 """
 
 from __future__ import annotations
@@ -122,8 +124,10 @@ def build_model(args: argparse.Namespace, vocab_size: int) -> GPT | Llama:
 
 
 def export(model: GPT | Llama, tokenizer: CharTokenizer, folder: Path, checkpoint: str,
-           figures: dict, history: dict, spellings: bool) -> float:
-    """Write the float16 weights and the JSON; returns the test figure of the float16 model."""
+           figures: dict, history: dict, spellings: bool, test: bool = False) -> float | None:
+    """Write the float16 weights and the JSON. With ``test`` (the final export only) the float16
+    model is also scored on the test works and the few-shot words, and the test figure is
+    returned; otherwise the figures hold validation only and None is returned."""
     tied = isinstance(model, GPT)  # the GPT's lm_head.weight is wte.weight, stored once
     state = {k: v.detach().cpu().half().contiguous() for k, v in model.state_dict().items()
              if not (tied and k == "lm_head.weight")}
@@ -133,14 +137,14 @@ def export(model: GPT | Llama, tokenizer: CharTokenizer, folder: Path, checkpoin
         full["lm_head.weight"] = full["wte.weight"]
     reloaded.load_state_dict(full)
     reloaded.eval()
-    test = torch.tensor(tokenizer.encode(shakespeare("test")))
+    test_ids = torch.tensor(tokenizer.encode(shakespeare("test")))
     block = model.context_length
-    for name, windows in (("test", TEST_WINDOWS), ("check", CHECK_WINDOWS)):
-        starts = eval_starts(len(test), windows, block)
+    for name, windows in (("test", TEST_WINDOWS), ("check", CHECK_WINDOWS)) if test else ():
+        starts = eval_starts(len(test_ids), windows, block)
         figures[f"{name}_slice"] = {"split": "test", "windows": windows, "length": block,
-                                    "nats_per_char": nats_per_char(reloaded, test, starts,
+                                    "nats_per_char": nats_per_char(reloaded, test_ids, starts,
                                                                    block)}
-    if spellings:  # held-out few-shot accuracy, recorded for the test to reproduce
+    if spellings and test:  # held-out few-shot accuracy, recorded for the test to reproduce
         words = spelling_words("test")
         figures["spelling_accuracy"] = {
             "queries": SPELLING_QUERIES, "seed": 0, "words": "test",
@@ -152,7 +156,7 @@ def export(model: GPT | Llama, tokenizer: CharTokenizer, folder: Path, checkpoin
             "special_tokens": list(tokenizer.special_tokens), "figures": figures,
             "history": history}
     save_shipped(folder, checkpoint, state, info)
-    return figures["test_slice"]["nats_per_char"]
+    return figures["test_slice"]["nats_per_char"] if test else None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -160,8 +164,7 @@ def main(argv: list[str] | None = None) -> None:
     if not 0.0 <= args.demo_share <= 1.0:
         raise ValueError(f"--demo-share must be in [0, 1], got {args.demo_share}")
     rank, world_size, device = distributed_setup()
-    tokenizer = CharTokenizer.from_text("".join(shakespeare(s)
-                                                for s in ("train", "validation", "test")))
+    tokenizer = CharTokenizer.from_text(shakespeare("train"))
     train_ids = torch.tensor(tokenizer.encode(shakespeare("train")[:args.max_chars]))
     val_ids = torch.tensor(tokenizer.encode(shakespeare("validation")))
 
@@ -197,6 +200,7 @@ def main(argv: list[str] | None = None) -> None:
     began = time.perf_counter()
     run = provenance(__file__, argv)
     curve: dict[str, list] = {"steps": [], "val_nats_per_char": []}
+    last: dict[str, dict] = {}  # the figures of the latest export
 
     def loss_fn(m: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
         batch = batch.to(device)
@@ -211,9 +215,10 @@ def main(argv: list[str] | None = None) -> None:
                 p.numel() for p in model.parameters()), "threads": torch.get_num_threads(),
                 "train_seconds": round(time.perf_counter() - began, 1), **run,
                 "val_nats_per_char": loss}
-            test = export(model, tokenizer, Path(args.export), args.name, figures, curve,
-                          spellings=args.demo_share > 0)
-            print(f"step {curve['steps'][-1]}: val {loss:.4f}, test {test:.4f} nats/char, "
+            export(model, tokenizer, Path(args.export), args.name, figures, curve,
+                   spellings=args.demo_share > 0)
+            last["figures"] = figures
+            print(f"step {curve['steps'][-1]}: val {loss:.4f} nats/char, "
                   f"{figures['train_seconds']} s", flush=True)
         return {"val nats/char": loss}
 
@@ -230,6 +235,11 @@ def main(argv: list[str] | None = None) -> None:
     if rank == 0:
         print(f"{world_size} process(es) on {device}: final train loss "
               f"{history.losses[-1]:.4f}, {history.evals[-1]}")
+        if args.export:  # the test works, once, on the final weights (train()
+            # evaluates after the last step, so last["figures"] describe them)
+            test = export(model, tokenizer, Path(args.export), args.name, last["figures"],
+                          curve, spellings=args.demo_share > 0, test=True)
+            print(f"test {test:.4f} nats/char (measured once)", flush=True)
         if args.save:
             from safetensors.torch import save_model
 

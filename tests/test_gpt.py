@@ -337,10 +337,12 @@ def test_ddp_two_processes_equal_one_process_on_the_global_batch(tmp_path: Path)
     assert moved > 1e-3  # the runs trained: equality is not two untouched initialisations
 
 
-def test_script_continues_a_shipped_checkpoint_with_demonstration_lists(tmp_path: Path) -> None:
+def test_script_continues_a_shipped_checkpoint_with_demonstration_lists(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """--init starts from the shipped weights (a held-out loss near theirs after 2 small steps,
     not an untrained model's), --demo-share mixes demonstration lists in, and the export
-    records its name, the quoted command and the few-shot figures the tests reproduce."""
+    records its name, the quoted command and the few-shot figures the tests reproduce. The
+    test works are scored once, after the last step, not at every evaluation."""
     import json
 
     script = _load_script()
@@ -348,8 +350,10 @@ def test_script_continues_a_shipped_checkpoint_with_demonstration_lists(tmp_path
         script.main(["--demo-share", "1.5"])
     script.main(["--init", "shakespeare_gpt", "--demo-share", "0.5", "--demo-separator", ": ",
                  "--demo-separator", " - ", "--name", "continued", "--batch-size", "4",
-                 "--steps", "2", "--warmup", "1", "--lr", "1e-4", "--eval-every", "2",
+                 "--steps", "2", "--warmup", "1", "--lr", "1e-4", "--eval-every", "1",
                  "--export", str(tmp_path)])
+    printed = capsys.readouterr().out
+    assert printed.count(": val ") == 2 and printed.count("test ") == 1
     info = json.loads((tmp_path / "continued.json").read_text())
     figures = info["figures"]
     assert "--demo-separator ': ' --demo-separator ' - '" in figures["command"]
