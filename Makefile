@@ -104,7 +104,7 @@ checkpoint-t5: install
 	OMP_NUM_THREADS=1 $(PY) scripts/train_t5.py --steps 4000 --varied --export lecture_pkg/checkpoints
 
 checkpoint-detr: install
-	OMP_NUM_THREADS=1 $(PY) scripts/train_detr.py --steps 4000
+	OMP_NUM_THREADS=1 $(PY) scripts/train_detr.py --scenes cluttered --steps 8000 --train-n 24000
 
 stamp: install
 	$(PY) scripts/notebook_freshness.py stamp $(NOTEBOOKS)
@@ -190,6 +190,3 @@ clean:
 .PHONY: finetune-lr-search
 finetune-lr-search: install
 	OMP_NUM_THREADS=1 $(PY) scripts/finetune_lr_search.py --out lecture_pkg/recorded/finetune_lr_search_cpu.json
-# Chapter 8.3's shipped DETR on the cluttered scenes (benchmarks/RESULTS.md, last section)
-checkpoint-detr-cluttered: install
-	OMP_NUM_THREADS=1 $(PY) scripts/train_detr.py --scenes cluttered --steps 2000 --train-n 12000

@@ -1,6 +1,6 @@
 """Train the small DETR of chapter 8.3 on synthetic scenes and save it as a checkpoint.
 
-    OMP_NUM_THREADS=1 python scripts/train_detr.py --scenes cluttered --steps 2000 --train-n 12000
+    OMP_NUM_THREADS=1 python scripts/train_detr.py --scenes cluttered --steps 8000 --train-n 24000
 
 Writes lecture_pkg/checkpoints/detr_shapes.safetensors and detr_shapes.json (config, scene
 kind, steps, seconds, the validation curve, held-out AP@0.5 with the data seeds). Training
