@@ -44,7 +44,10 @@ from lecture_pkg.lm_eval import pad_right
 from lecture_pkg.rlhf import dpo_train, exact_reward, grpo_train, masked_answer_kl, verifier_pairs
 from lecture_pkg.shakespeare_gpt import load_shakespeare_sft
 from lecture_pkg.shakespeare_tasks import (
-    Instruction, eight_letter_upper, exact_match, shakespeare_instructions,
+    Instruction,
+    eight_letter_upper,
+    exact_match,
+    shakespeare_instructions,
 )
 from lecture_pkg.shipped import provenance
 
