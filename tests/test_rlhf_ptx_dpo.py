@@ -173,3 +173,29 @@ def test_verifier_pairs_pairs_wrong_samples_with_right_ones_of_their_group(token
     assert none == ([], [], [])
     with pytest.raises(ValueError, match="items"):
         verifier_pairs(model, tokenizer, [], has_a, 4, 0)
+
+
+def test_generate_answers_with_a_prefix_continues_the_row(tokenizer):
+    """A prefix (a solved example) before the prompt's turn: the answer equals a greedy loop
+    over the unpadded concatenation, positions running on from the prefix; no prefix is the
+    plain call."""
+    model = tiny_gpt(tokenizer)
+    prompts = ["abc", "j ?"]
+    prefixes = [encode_chat(tokenizer, "ba", "ab")[0], encode_chat(tokenizer, "c", "cc")[0]]
+    got = generate_answers(model, tokenizer, prompts, max_new_tokens=5, prefixes=prefixes)
+    end = tokenizer.special_tokens["<|end|>"]
+    for prompt, before, text in zip(prompts, prefixes, got.texts):
+        ids = before + encode_chat(tokenizer, prompt)[0]
+        new = []
+        for _ in range(5):
+            with torch.no_grad():
+                nxt = int(model(torch.tensor([ids + new])).logits[0, -1].argmax())
+            if nxt == end:
+                break
+            new.append(nxt)
+        assert text == tokenizer.decode(new)
+    plain = generate_answers(model, tokenizer, prompts, max_new_tokens=5)
+    none = generate_answers(model, tokenizer, prompts, max_new_tokens=5, prefixes=None)
+    assert plain.texts == none.texts
+    with pytest.raises(ValueError, match="prefixes"):
+        generate_answers(model, tokenizer, prompts, prefixes=prefixes[:1])
