@@ -66,6 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ptx-coef", type=float, default=1.0)
     parser.add_argument("--dpo-beta", type=float, default=1.0)
     parser.add_argument("--dpo-lr", type=float, default=5e-5)
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the (arm, seed) rows already in --out and run the rest")
     return parser.parse_args(argv)
 
 
@@ -146,9 +148,18 @@ def main(argv: list[str] | None = None) -> None:
            "sample_seed": sample_seed, "dpo_steps": dpo_steps(),
            "sft": evaluate(sft, sft, tokenizer, data["test"], data["other"], sample_seed),
            "runs": []}
+    done: set[tuple[str, int]] = set()
+    if args.resume and Path(args.out).exists():
+        before = json.loads(Path(args.out).read_text(encoding="utf-8"))
+        out["runs"] = before["runs"]
+        out["earlier"] = [*before.get("earlier", []), {k: before[k] for k in
+                                                       ("command", "commit", "total_seconds")}]
+        done = {(r["arm"], r["seed"]) for r in out["runs"]}
     began = time.perf_counter()
     for seed in seeds(args.seeds):
         for arm in args.arms:
+            if (arm, seed) in done:
+                continue
             out["runs"].append(run(arm, seed, args, sft, tokenizer, data, sample_seed))
             row = out["runs"][-1]
             print(f"{arm} seed {seed}: accuracy {row['accuracy']:.3f}, other "
