@@ -25,7 +25,7 @@ reruns one row.
 
     OMP_NUM_THREADS=1 python scripts/rl_arms.py --out lecture_pkg/recorded/rl_arms_cpu.json
 
-(``make rl-arms``; about half an hour on one CPU thread.)
+(``make rl-arms``; about twenty minutes on one CPU thread.)
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ SFT_ITEMS = 20000  # the instructions the SFT model was trained on (scripts/trai
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="the JSON file the results go to")
-    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     parser.add_argument("--ptx-coef", type=float, default=1.0)
     parser.add_argument("--dpo-beta", type=float, default=1.0)
