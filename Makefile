@@ -190,3 +190,8 @@ clean:
 .PHONY: finetune-lr-search
 finetune-lr-search: install
 	OMP_NUM_THREADS=1 $(PY) scripts/finetune_lr_search.py --out lecture_pkg/recorded/finetune_lr_search_cpu.json
+# Chapter 10.2's RL arms at matched compute: GRPO (beta 0.04, 0, 0.4; PPO-ptx) and DPO on the
+# eight-letter task, with the alignment tax on 10.1's instructions (about 20 minutes).
+.PHONY: rl-arms
+rl-arms: install
+	OMP_NUM_THREADS=1 $(PY) scripts/rl_arms.py --out lecture_pkg/recorded/rl_arms_cpu.json

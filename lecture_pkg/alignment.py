@@ -262,14 +262,25 @@ class Rollout(NamedTuple):
 @torch.no_grad()
 def generate_answers(model: GPT, tokenizer: ChatTokenizer, prompts: Sequence[str],
                      max_new_tokens: int = 12, do_sample: bool = False,
-                     generator: torch.Generator | None = None) -> Rollout:
+                     generator: torch.Generator | None = None,
+                     prefixes: Sequence[Sequence[int]] | None = None) -> Rollout:
     """Answer every prompt in the chat template, greedily or by sampling (``do_sample``), in
     one left-padded batch; an answer ends at ``<|end|>`` or after ``max_new_tokens`` tokens.
-    The model is put in eval mode."""
+    The model is put in eval mode.
+
+    ``prefixes``: token ids to place before each prompt's turn in the same row (for example
+    a solved example, as packing puts one there in training); the positions run on from the
+    prefix into the prompt, as in a packed row. None: every prompt starts the row.
+    """
     if isinstance(prompts, str) or not prompts:
         raise ValueError("prompts must be a non-empty sequence of str")
+    if prefixes is not None and len(prefixes) != len(prompts):
+        raise ValueError(f"prefixes must hold one id list per prompt ({len(prompts)}), got "
+                         f"{len(prefixes)}")
     end, pad = tokenizer.special_tokens["<|end|>"], tokenizer.special_tokens["<|pad|>"]
     encoded = [encode_chat(tokenizer, p)[0] for p in prompts]
+    if prefixes is not None:
+        encoded = [[int(i) for i in before] + p for before, p in zip(prefixes, encoded)]
     width = max(map(len, encoded))
     device = next(model.parameters()).device
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in encoded], device=device)

@@ -8,6 +8,16 @@ policies' next-token distributions, and what each KL estimator does when it is u
   reward may be a known rule (the gold reward) or a learned reward model (a proxy); extra
   quantities of each batch (for example the gold reward of answers optimised against a proxy)
   are logged through ``log_fn``, and held-out measurements through ``evaluate``.
+  With ``ptx_coef > 0`` every update also takes that multiple of the SFT loss on a batch of
+  ``ptx_items`` (prompts with their answers, the SFT data): InstructGPT's PPO-ptx
+  (Ouyang et al. 2022), which mixes the original training objective into the RL update to
+  reduce the alignment tax.
+* :func:`dpo_train`: DPO (Rafailov et al. 2023) from a copy of a model on preference pairs
+  given as token ids, the reference's log-probabilities computed once.
+* :func:`verifier_pairs`: preference pairs from a model's own sampled answers as the reward
+  rule judges them: within each group of answers to one prompt, each wrong answer paired with
+  a right one. The same samples can feed a reward model and DPO.
+* :func:`exact_reward`: the rule as a reward, 1 for the correct answer and 0 otherwise.
 * :func:`ppo_train`: PPO as RLHF runs it (Ziegler et al. 2019; Ouyang et al. 2022), at the
   same scale: a value head on the policy's last hidden state (:class:`ValueHead`), the per-token
   KL to ``reference`` folded into the reward, advantages by GAE, whitened, and the clipped value
@@ -39,6 +49,9 @@ from torch import Tensor, nn
 from lecture_pkg.alignment import (
     ChatTokenizer,
     Rollout,
+    completion_loss,
+    dpo_loss,
+    encode_chat,
     generate_answers,
     group_advantages,
     grpo_loss,
@@ -46,16 +59,29 @@ from lecture_pkg.alignment import (
     ppo_clip_loss,
 )
 from lecture_pkg.checks import check_bool_mask, check_float_tensor, check_int
-from lecture_pkg.lm_eval import token_logprobs
+from lecture_pkg.lm_eval import pad_right, sequence_logprobs, token_logprobs
 from lecture_pkg.models.gpt import GPT
 from lecture_pkg.policy_gradient import gae, kl_shaped_rewards, masked_mean, value_loss, whiten
 
-__all__ = ["RLRun", "ValueHead", "exact_kl", "grpo_train", "kl_loss_gradient",
-           "masked_answer_kl", "ppo_train"]
+__all__ = ["RLRun", "ValueHead", "dpo_train", "exact_kl", "exact_reward", "grpo_train",
+           "kl_loss_gradient", "masked_answer_kl", "ppo_train", "verifier_pairs"]
 
 
 class _Prompted(Protocol):
     prompt: str
+
+
+class _Answered(Protocol):
+    prompt: str
+    answer: str
+
+
+def exact_reward(texts: Sequence[str], items: Sequence[_Answered]) -> Tensor:
+    """The known rule as a reward: 1.0 where ``texts[i] == items[i].answer``, else 0.0,
+    (len(texts),) float."""
+    if len(texts) != len(items):
+        raise ValueError(f"texts has {len(texts)} entries but items {len(items)}")
+    return torch.tensor([float(t == it.answer) for t, it in zip(texts, items)])
 
 
 RewardFn = Callable[[list[str], list], Tensor]
@@ -82,7 +108,8 @@ def grpo_train(model: GPT, reference: GPT, tokenizer: ChatTokenizer,
                clip_eps: float = 0.2, inner_steps: int = 2, max_new_tokens: int = 12,
                log_fn: Callable[[list[str], list], dict[str, float]] | None = None,
                evaluate: Callable[[GPT], dict[str, float]] | None = None,
-               eval_every: int = 0) -> RLRun:
+               eval_every: int = 0, ptx_coef: float = 0.0,
+               ptx_items: Sequence[_Answered] = (), ptx_batch: int = 16) -> RLRun:
     """GRPO from a copy of ``model``, with ``reference`` (frozen) in the KL penalty.
 
     Each step draws ``prompts`` items (with replacement, from a CPU generator seeded
@@ -94,13 +121,26 @@ def grpo_train(model: GPT, reference: GPT, tokenizer: ChatTokenizer,
     the ratio move. ``evaluate(policy)`` runs before the first step, every
     ``eval_every`` steps (0: never in between) and after the last; it must draw its
     own random numbers (a generator of its own), not the loop's.
+
+    PPO-ptx: with ``ptx_coef > 0`` each step also draws ``ptx_batch`` of ``ptx_items``
+    (prompt and answer; a CPU generator of its own, seeded with ``seed``, so the RL
+    batches are those of the run without it), and every inner step adds ``ptx_coef``
+    times their SFT loss (:func:`~lecture_pkg.alignment.completion_loss`) to the GRPO
+    loss; the curve logs it as ``ptx``. ``ptx_coef = 0`` is plain GRPO.
     """
     check_int("group", group, minimum=2)
     _check_loop(items, steps, prompts, inner_steps, eval_every, seed, beta)
+    if ptx_coef < 0:
+        raise ValueError(f"ptx_coef must be >= 0, got {ptx_coef}")
+    if ptx_coef > 0:
+        check_int("ptx_batch", ptx_batch, minimum=1)
+        if not ptx_items:
+            raise ValueError("ptx_coef > 0 needs ptx_items, the SFT data to mix in")
     device = next(model.parameters()).device
     policy = copy.deepcopy(model)
     reference.eval()
     opt, sampler, picks = _optimiser_and_generators(policy, lr, seed, device)
+    ptx_picks = torch.Generator().manual_seed(seed)
     curve: list[dict[str, float]] = []
     evals: list[dict[str, float]] = []
 
@@ -119,14 +159,126 @@ def grpo_train(model: GPT, reference: GPT, tokenizer: ChatTokenizer,
         with torch.no_grad():
             old = token_logprobs(policy(out.ids, out.attention_mask).logits, out.ids)
             ref = token_logprobs(reference(out.ids, out.attention_mask).logits, out.ids)
+        if ptx_coef > 0:
+            drawn = torch.randint(len(ptx_items), (ptx_batch,), generator=ptx_picks)
+            rows = [encode_chat(tokenizer, ptx_items[int(i)].prompt, ptx_items[int(i)].answer)
+                    for i in drawn]
+            ptx_ids, _, ptx_mask = (t.to(device) for t in pad_right(rows, _pad_id(tokenizer)))
         policy.train()
         for inner in range(inner_steps):
             logp = token_logprobs(policy(out.ids, out.attention_mask).logits, out.ids)
             loss, kl = grpo_loss(logp, old, ref, advantages, mask, clip_eps, beta)
+            row = {"step": step, "reward": rewards.mean().item(), "kl": kl.item(),
+                   "mixed": mixed.item()}
+            if ptx_coef > 0:
+                ptx = completion_loss(policy(ptx_ids).logits, ptx_ids, ptx_mask)
+                loss = loss + ptx_coef * ptx
+                row["ptx"] = ptx.item()
             if inner == 0:
-                _record(curve, {"step": step, "reward": rewards.mean().item(),
-                                "kl": kl.item(), "mixed": mixed.item()}, log_fn, out.texts, batch)
+                _record(curve, row, log_fn, out.texts, batch)
             _update(loss, policy, opt)
+        if eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
+            measure(step + 1)
+    measure(steps)
+    return RLRun(policy.eval(), curve, evals)
+
+
+def _pad_id(tokenizer: ChatTokenizer) -> int:
+    return tokenizer.special_tokens["<|pad|>"]
+
+
+def verifier_pairs(model: GPT, tokenizer: ChatTokenizer, items: Sequence[_Answered],
+                   reward_fn: RewardFn, group: int, seed: int, *, batch: int = 64,
+                   max_new_tokens: int = 12) -> tuple[list, list[str], list[str]]:
+    """Preference pairs from ``model``'s own sampled answers, judged by ``reward_fn``.
+
+    Samples ``group`` answers to every item (a device generator seeded with ``seed``,
+    ``batch`` answers at a time); within each item's group, every answer with a reward
+    below the group's best is paired, as rejected, with a best-scoring answer of the group
+    (taken in turn), as chosen. A group whose answers all score the same gives no pair, as
+    it gives GRPO no advantage. Returns (items, chosen texts, rejected texts), one entry
+    per pair.
+    """
+    check_int("group", group, minimum=2)
+    check_int("batch", batch, minimum=1)
+    check_int("seed", seed, minimum=0)
+    if not items:
+        raise ValueError("items must be a non-empty sequence of items with an answer")
+    device = next(model.parameters()).device
+    sampler = torch.Generator(device=device).manual_seed(seed)
+    repeated = [it for it in items for _ in range(group)]
+    texts: list[str] = []
+    for start in range(0, len(repeated), batch):
+        chunk = repeated[start:start + batch]
+        texts += generate_answers(model, tokenizer, [it.prompt for it in chunk],
+                                  max_new_tokens=max_new_tokens, do_sample=True,
+                                  generator=sampler).texts
+    rewards = reward_fn(texts, repeated).float().cpu().view(len(items), group)
+    pairs_items, chosen, rejected = [], [], []
+    for i, item in enumerate(items):
+        scores = rewards[i].tolist()
+        answers = texts[i * group:(i + 1) * group]
+        top = max(scores)
+        best = [a for a, r in zip(answers, scores) if r == top]
+        worse = [a for a, r in zip(answers, scores) if r < top]
+        for k, answer in enumerate(worse):
+            pairs_items.append(item)
+            chosen.append(best[k % len(best)])
+            rejected.append(answer)
+    return pairs_items, chosen, rejected
+
+
+def dpo_train(model: GPT, reference: GPT, ids: Tensor, completion_mask: Tensor,
+              steps: int, beta: float, seed: int, *, batch: int = 8, lr: float = 5e-5,
+              evaluate: Callable[[GPT], dict[str, float]] | None = None,
+              eval_every: int = 0) -> RLRun:
+    """DPO from a copy of ``model`` on ``n`` preference pairs, ``reference`` frozen.
+
+    ids, completion_mask: (2 n, t), right-padded chat-template rows (prompt and answer,
+    :func:`~lecture_pkg.alignment.encode_chat`), the ``n`` chosen answers first and the
+    ``n`` rejected ones after them in the same order. The reference's sequence
+    log-probabilities are computed once. Each step draws ``batch`` pairs with replacement
+    (a CPU generator seeded with ``seed``) and takes one AdamW step (no weight decay, no
+    gradient clipping) on :func:`~lecture_pkg.alignment.dpo_loss`. The curve logs the
+    batch's ``loss`` and mean ``margin`` (chosen minus rejected implicit reward);
+    ``evaluate`` as in :func:`grpo_train`.
+    """
+    check_int("steps", steps, minimum=1)
+    check_int("batch", batch, minimum=1)
+    check_int("eval_every", eval_every, minimum=0)
+    check_int("seed", seed, minimum=0)
+    check_bool_mask("completion_mask", completion_mask)
+    if ids.dim() != 2 or ids.shape[0] % 2 or ids.shape != completion_mask.shape:
+        raise ValueError(f"ids and completion_mask must both be (2 n, t), got "
+                         f"{tuple(ids.shape)} and {tuple(completion_mask.shape)}")
+    if beta <= 0:
+        raise ValueError(f"beta must be > 0, got {beta}")
+    n = ids.shape[0] // 2
+    reference.eval()
+    with torch.no_grad():
+        ref = sequence_logprobs(reference(ids).logits, ids, completion_mask)
+    policy = copy.deepcopy(model)
+    opt = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0)
+    picks = torch.Generator().manual_seed(seed)
+    curve: list[dict[str, float]] = []
+    evals: list[dict[str, float]] = []
+
+    def measure(step: int) -> None:
+        if evaluate is not None:
+            evals.append({"step": step, **evaluate(policy.eval())})
+
+    measure(0)
+    for step in range(steps):
+        pick = torch.randint(n, (batch,), generator=picks)
+        both = torch.cat([pick, pick + n]).to(ids.device)
+        policy.train()
+        logp = sequence_logprobs(policy(ids[both]).logits, ids[both], completion_mask[both])
+        loss, r_c, r_r = dpo_loss(logp[:batch], logp[batch:], ref[both][:batch],
+                                  ref[both][batch:], beta)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        curve.append({"step": step, "loss": loss.item(), "margin": (r_c - r_r).mean().item()})
         if eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
             measure(step + 1)
     measure(steps)

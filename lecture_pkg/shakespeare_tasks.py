@@ -40,7 +40,7 @@ from lecture_pkg.lm_eval import answer_logprob
 __all__ = ["INSTRUCTION_TASKS", "SPELLINGS", "Instruction", "demonstration_text",
            "demonstration_windows", "eight_letter_upper", "exact_match", "make_instructions",
            "make_preference_pairs", "shakespeare_instructions", "spelling_accuracy",
-           "spelling_words", "wrong_answer"]
+           "spelling_generation_accuracy", "spelling_words", "wrong_answer"]
 
 # --- which spelling: few-shot prompts (10.1) -------------------------------------------------
 
@@ -130,6 +130,46 @@ def spelling_accuracy(model: nn.Module, tokenizer: CharTokenizer, words: Sequenc
             answers.append(tokenizer.encode(spell(query) + "\n"))
     scores = answer_logprob(model, prompts, answers, tokenizer.pad_id).view(n, len(SPELLINGS))
     return (scores.argmax(-1) == list(SPELLINGS).index(spelling)).float().mean().item()
+
+
+
+@torch.no_grad()
+def spelling_generation_accuracy(model: nn.Module, tokenizer: CharTokenizer,
+                                 words: Sequence[str], spelling: str, shots: int, seed: int,
+                                 n: int, separator: str = ": ",
+                                 max_new_tokens: int = 10) -> float:
+    """Few-shot *which spelling* by free generation: the prompts of :func:`spelling_accuracy`
+    (the same queries and demonstrations for the same ``seed``), each continued greedily in
+    one left-padded batch until a newline or ``max_new_tokens`` characters; a query counts
+    as right when the line it writes is exactly the query in ``spelling``. A harsher test
+    than scoring three candidates: the model must produce every character itself."""
+    spell = _check_spelling(spelling)
+    check_int("shots", shots)
+    check_int("n", n, minimum=1)
+    check_int("max_new_tokens", max_new_tokens, minimum=1)
+    if len(words) < n + shots:
+        raise ValueError(f"words must hold at least n + shots = {n + shots} words, got "
+                         f"{len(words)}")
+    rng = random.Random(seed)
+    queries, prompts = [], []
+    for query in rng.sample(list(words), n):
+        demos = rng.sample([w for w in words if w != query], shots)
+        queries.append(query)
+        prompts.append(tokenizer.encode(demonstration_text(demos, spelling, separator)
+                                        + query + separator))
+    device = next(model.parameters()).device
+    width = max(map(len, prompts))
+    pad, newline = tokenizer.pad_id, tokenizer.encode("\n")[0]
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
+    keep = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts],
+                        device=device)
+    out = model.eval().generate(ids, keep, max_new_tokens=max_new_tokens,
+                                eos_token_id=newline, pad_token_id=pad)[:, width:]
+    right = 0
+    for query, row in zip(queries, out.tolist()):
+        line = row[:row.index(newline)] if newline in row else None
+        right += line is not None and tokenizer.decode(line) == spell(query)
+    return right / n
 
 
 # --- instructions and preferences (10.2, 10.3) -----------------------------------------------

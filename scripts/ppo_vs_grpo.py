@@ -22,6 +22,7 @@ import torch
 
 from lecture_pkg import seeds
 from lecture_pkg.alignment import generate_answers
+from lecture_pkg.rlhf import exact_reward as correct
 from lecture_pkg.rlhf import grpo_train, ppo_train
 from lecture_pkg.shakespeare_gpt import load_shakespeare_sft
 from lecture_pkg.shakespeare_tasks import Instruction, eight_letter_upper
@@ -38,11 +39,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--beta", type=float, default=0.04)
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     return parser.parse_args(argv)
-
-
-def correct(texts: list[str], items: list[Instruction]) -> torch.Tensor:
-    """The rule as the reward: 1 for the correct answer, 0 otherwise."""
-    return torch.tensor([float(t == it.answer) for t, it in zip(texts, items)])
 
 
 def held_out(policy: torch.nn.Module, tokenizer, test: list[Instruction],
