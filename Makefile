@@ -185,7 +185,7 @@ clean:
 	rm -rf _build .pytest_cache
 
 # Chapter 8's digits arms trained to convergence (validation early stopping, fixed epochs with a
-# step floor), 5 seeds on CPU at one thread; benchmarks/RESULTS.md has the time.
+# step floor), 4 seeds on CPU at one thread; benchmarks/RESULTS.md has the time.
 .PHONY: vit-convergence
 vit-convergence: install
 	OMP_NUM_THREADS=1 $(PY) scripts/vit_convergence.py --out lecture_pkg/recorded/vit_convergence_cpu.json
