@@ -9,6 +9,8 @@ the same arms with the same recipe; this module holds that recipe once:
 * the arms at matched size: :func:`small_vit` (patch 2, width 32, 2 layers, 4 heads),
   :func:`small_deit`, :func:`hybrid` (a 3 x 3 convolution in front of the ViT),
   :func:`small_swin` and :func:`small_cnn`, each initialised from ``seed``;
+* :func:`load_vit_convergence` and :func:`recorded_arm`: the arms trained to convergence by
+  ``scripts/vit_convergence.py``, read back as :class:`lecture_pkg.experiments.Arm` objects;
 * :func:`fit`: AdamW (decay 0.05 on matrices only, not on learned tokens, position or bias
   tables, see :func:`optimizer_for`), a warmup-cosine schedule, batches of 64 drawn with
   replacement from a generator seeded with ``seed``; optional one-pixel shifts
@@ -26,24 +28,29 @@ Shapes: images (n, 1, 8, 8) float, labels (n,) int64.
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lecture_pkg.checks import check_int
+from lecture_pkg.experiments import Arm
 from lecture_pkg.models.deit import DeiT, hard_distillation_loss
 from lecture_pkg.models.swin import Swin, SwinConfig
 from lecture_pkg.models.vit import ViT, ViTConfig
 from lecture_pkg.training import History, train, warmup_cosine
 
 __all__ = ["VIT", "DigitsSplit", "FitResult", "digits_split", "error_rate", "fit", "hybrid",
-           "logits_of", "n_params", "optimizer_for", "random_shift", "small_cnn", "small_deit",
-           "small_swin", "small_vit", "steps_for_epochs"]
+           "load_vit_convergence", "logits_of", "n_params", "optimizer_for", "random_shift",
+           "recorded_arm", "small_cnn", "small_deit", "small_swin", "small_vit",
+           "steps_for_epochs"]
 
 TEST_SIZE = 497
 VIT = dict(image_size=8, patch_size=2, hidden_size=32, num_layers=2, num_heads=4,
@@ -269,3 +276,28 @@ def fit(model: nn.Module, x: Tensor, y: Tensor, seed: int, *, steps: int, batch:
     model.load_state_dict(best["state"])  # type: ignore[arg-type]
     return FitResult(model, train_loss, history, int(best["step"]),  # type: ignore[call-overload]
                      best["key"][0], curve)  # type: ignore[index]
+
+
+# ---- the recorded runs of scripts/vit_convergence.py -------------------------------------------
+
+def load_vit_convergence() -> dict[str, Any]:
+    """The recorded runs of ``scripts/vit_convergence.py``: ``{"info": {...}, "runs": [{"arm",
+    "n", "seed", "steps", "epochs", "best_step", "val_error", "test_error", "train_error",
+    "end_train_loss", "seconds"}, ...], "logreg": [{"n", "seed", "C", "val_error",
+    "test_error"}, ...]}``."""
+    path = resources.files("lecture_pkg") / "recorded" / "vit_convergence_cpu.json"
+    return json.loads(path.read_text())
+
+
+def recorded_arm(record: dict[str, Any], arm: str, n: int, key: str = "test_error") -> Arm:
+    """One recorded arm at ``n`` training images as an :class:`Arm` (values ordered by seed);
+    ``arm="logistic regression"`` reads the ``logreg`` rows. ``key`` picks the number."""
+    rows = record["logreg"] if arm == "logistic regression" else [
+        r for r in record["runs"] if r["arm"] == arm]
+    rows = sorted((r for r in rows if r["n"] == n), key=lambda r: r["seed"])
+    if not rows:
+        arms = sorted({(r["arm"], r["n"]) for r in record["runs"]})
+        raise ValueError(f"no recorded runs of arm {arm!r} at n={n}; recorded: {arms}")
+    if key not in rows[0]:
+        raise ValueError(f"key must be one of {sorted(rows[0])}, got {key!r}")
+    return Arm(arm, tuple(float(r[key]) for r in rows), tuple(r["seed"] for r in rows))
