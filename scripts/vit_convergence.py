@@ -21,8 +21,8 @@ Arms: ViT and CNN at 50, 200 and 1,040 images (a different stratified subset per
 ``--arms`` adds, at 1,040 images, the hybrid (conv stem + ViT), "ViT + shifts" and Swin (not in
 the recorded file: the shared CPU of the recording did not allow them). Seeds:
 ``lecture_pkg.seeds(4)``, one CPU thread. The pages read
-``lecture_pkg/recorded/vit_convergence_cpu.json`` (``make vit-convergence``; about 10 minutes
-of one idle core, 4 with ``--arms`` naming all five).
+``lecture_pkg/recorded/vit_convergence_cpu.json`` (``make vit-convergence``; 200 s of CPU time,
+9 minutes of wall time on a shared machine; about 10 minutes of CPU with all five arms).
 
     OMP_NUM_THREADS=1 python scripts/vit_convergence.py --out lecture_pkg/recorded/vit_convergence_cpu.json
 """
