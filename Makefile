@@ -195,3 +195,8 @@ finetune-lr-search: install
 .PHONY: rl-arms
 rl-arms: install
 	OMP_NUM_THREADS=1 $(PY) scripts/rl_arms.py --out lecture_pkg/recorded/rl_arms_cpu.json
+# Chapter 8's digits arms trained to convergence (validation early stopping, fixed epochs with a
+# step floor), 4 seeds on CPU at one thread; benchmarks/RESULTS.md has the time.
+.PHONY: vit-convergence
+vit-convergence: install
+	OMP_NUM_THREADS=1 $(PY) scripts/vit_convergence.py --out lecture_pkg/recorded/vit_convergence_cpu.json
