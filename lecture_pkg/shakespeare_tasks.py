@@ -103,6 +103,27 @@ def demonstration_windows(words: Sequence[str], encode: Callable[[str], list[int
     return torch.tensor(rows)
 
 
+def _spelling_prompts(tokenizer: CharTokenizer, words: Sequence[str], spelling: str,
+                      shots: int, seed: int, n: int,
+                      separator: str) -> list[tuple[str, list[int]]]:
+    """(query, prompt ids) for ``n`` query words drawn from ``words`` with
+    ``random.Random(seed)``: ``shots`` demonstration lines of other words in ``spelling``,
+    then the query and ``separator``."""
+    _check_spelling(spelling)
+    check_int("shots", shots)
+    check_int("n", n, minimum=1)
+    if len(words) < n + shots:
+        raise ValueError(f"words must hold at least n + shots = {n + shots} words, got "
+                         f"{len(words)}")
+    rng = random.Random(seed)
+    out = []
+    for query in rng.sample(list(words), n):
+        demos = rng.sample([w for w in words if w != query], shots)
+        out.append((query, tokenizer.encode(demonstration_text(demos, spelling, separator)
+                                            + query + separator)))
+    return out
+
+
 def spelling_accuracy(model: nn.Module, tokenizer: CharTokenizer, words: Sequence[str],
                       spelling: str, shots: int, seed: int, n: int,
                       separator: str = ": ") -> float:
@@ -113,18 +134,9 @@ def spelling_accuracy(model: nn.Module, tokenizer: CharTokenizer, words: Sequenc
     counts as right when ``spelling`` scores highest. Chance is 1 / len(SPELLINGS).
     ``separator`` replaces ``": "`` in the demonstrations and after the query.
     """
-    _check_spelling(spelling)
-    check_int("shots", shots)
-    check_int("n", n, minimum=1)
-    if len(words) < n + shots:
-        raise ValueError(f"words must hold at least n + shots = {n + shots} words, got "
-                         f"{len(words)}")
-    rng = random.Random(seed)
     prompts, answers = [], []
-    for query in rng.sample(list(words), n):
-        demos = rng.sample([w for w in words if w != query], shots)
-        prompt = tokenizer.encode(demonstration_text(demos, spelling, separator)
-                                  + query + separator)
+    for query, prompt in _spelling_prompts(tokenizer, words, spelling, shots, seed, n,
+                                           separator):
         for spell in SPELLINGS.values():
             prompts.append(prompt)
             answers.append(tokenizer.encode(spell(query) + "\n"))
@@ -143,20 +155,10 @@ def spelling_generation_accuracy(model: nn.Module, tokenizer: CharTokenizer,
     one left-padded batch until a newline or ``max_new_tokens`` characters; a query counts
     as right when the line it writes is exactly the query in ``spelling``. A harsher test
     than scoring three candidates: the model must produce every character itself."""
-    spell = _check_spelling(spelling)
-    check_int("shots", shots)
-    check_int("n", n, minimum=1)
     check_int("max_new_tokens", max_new_tokens, minimum=1)
-    if len(words) < n + shots:
-        raise ValueError(f"words must hold at least n + shots = {n + shots} words, got "
-                         f"{len(words)}")
-    rng = random.Random(seed)
-    queries, prompts = [], []
-    for query in rng.sample(list(words), n):
-        demos = rng.sample([w for w in words if w != query], shots)
-        queries.append(query)
-        prompts.append(tokenizer.encode(demonstration_text(demos, spelling, separator)
-                                        + query + separator))
+    queries, prompts = zip(*_spelling_prompts(tokenizer, words, spelling, shots, seed, n,
+                                              separator))
+    spell = SPELLINGS[spelling]
     device = next(model.parameters()).device
     width = max(map(len, prompts))
     pad, newline = tokenizer.pad_id, tokenizer.encode("\n")[0]
