@@ -124,7 +124,8 @@ def gpu_errors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torc
             for impl, grads in (("triton", triton), ("sdpa", sdpa))}
 
 
-def gpu_table(sizes: list[int], tokens: int, hidden: int) -> list[dict]:
+def gpu_table(sizes: list[int], tokens: int, hidden: int, dtypes: list[str],
+              head_dims: list[int]) -> list[dict]:
     """Triton FlashAttention-2 against torch SDPA (its default choice of kernel, and its flash
     backend forced), forward and forward + backward, fp16 and bf16, d = 64 and 128, causal and
     not, n in ``sizes`` at batch * n = ``tokens`` and heads * d = ``hidden``. Times are
@@ -140,8 +141,9 @@ def gpu_table(sizes: list[int], tokens: int, hidden: int) -> list[dict]:
     print("| dtype | d | n | mask | pass | triton TFLOP/s | sdpa TFLOP/s | sdpa-flash TFLOP/s "
           "| triton/sdpa | error out | error dq | error dk | error dv |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for dtype_name, dtype in GPU_DTYPES.items():
-        for head_dim in (64, 128):
+    for dtype_name in dtypes:
+        dtype = GPU_DTYPES[dtype_name]
+        for head_dim in head_dims:
             heads = hidden // head_dim
             for n in sizes:
                 batch = max(1, tokens // n)
@@ -199,6 +201,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="sizes up to 2048 only (a smoke run)")
     parser.add_argument("--gpu-only", action="store_true", help="skip the CPU tables")
     parser.add_argument("--json", type=Path, default=None, help="also write the GPU rows here")
+    parser.add_argument("--dtypes", nargs="+", choices=sorted(GPU_DTYPES),
+                        default=list(GPU_DTYPES), help="GPU dtypes (default: %(default)s)")
+    parser.add_argument("--head-dims", nargs="+", type=int, choices=(64, 128),
+                        default=[64, 128], help="GPU head dims (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads for torch (default: torch's choice). On a shared, "
                              "oversubscribed machine 1 thread gives steadier ratios: a stalled "
@@ -221,7 +227,7 @@ def main() -> None:
     import triton
 
     rows = gpu_table([1024, 2048] if args.quick else [1024, 2048, 4096, 8192, 16384],
-                     tokens=16384, hidden=2048)
+                     tokens=16384, hidden=2048, dtypes=args.dtypes, head_dims=args.head_dims)
     if args.json is not None:
         versions = {"torch": torch.__version__, "triton": triton.__version__,
                     "cuda": torch.version.cuda, "device": torch.cuda.get_device_name()}

@@ -1,15 +1,19 @@
 """Training throughput of the package's GPT at GPT-2 small's shape on one GPU: tokens/s and model
 FLOP utilisation (MFU), bfloat16 autocast, eager and under ``torch.compile``, measured in one run.
 
-Model: ``lecture_pkg.models.gpt.GPT`` with GPT-2 small's configuration (12 layers, 12 heads,
-d = 768, context 1024) and, for comparison, GPT-2 medium's (24 layers, 16 heads, d = 1024),
-dropout off, and the vocabulary padded from 50,257 to 50,304 (a multiple of 64, as nanoGPT does,
-so the output layer's matrix product tiles evenly). Random tokens: only
-the speed is measured. AdamW (``lecture_pkg.training.adamw``, fused on CUDA).
+Models: ``lecture_pkg.models.gpt.GPT`` with GPT-2 small's configuration (12 layers, 12 heads,
+d = 768, context 1024) and, for comparison, GPT-2 medium's (24 layers, 16 heads, d = 1024);
+"modern" is the chapter-7.4 decoder (``lecture_pkg.models.llama.Llama``: RoPE, RMSNorm, SwiGLU,
+QK-norm, 4 key-value heads for 12 query heads) at GPT-2 small's width, depth and context, with
+tied embeddings and a SwiGLU width of 2048 (8/3 d), so its parameter count is near GPT-2
+small's. Dropout off, the vocabulary padded from 50,257 to 50,304 (a multiple of 64, as nanoGPT
+does, so the output layer's matrix product tiles evenly). Random tokens: only the speed is
+measured. AdamW (``lecture_pkg.training.adamw``, fused on CUDA).
 
 MFU = achieved FLOP/s / the GPU's dense bf16 peak, with the FLOPs of a training step counted as
 PaLM's appendix B does (and nanoGPT): 6 N per token for the weights (N without the position
-table) plus 12 L d T per token for attention's two matrix products (forward and backward).
+table) plus 12 L d T per token for attention's two matrix products (forward and backward; d
+counts the query heads' width).
 
 Run (GPU only): python benchmarks/train_gpu.py [--steps 20] [--json out.json]
                 [--runs small/eager/16 small/compiled/16 ...]
@@ -23,8 +27,10 @@ import time
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from lecture_pkg.models.gpt import GPT, GPTConfig, next_token_loss
+from lecture_pkg.models.llama import Llama, LlamaConfig
 from lecture_pkg.training import adamw
 
 # Dense bf16 tensor-core peaks (NVIDIA data sheets, SXM parts, without sparsity).
@@ -38,15 +44,30 @@ def peak_tflops(device_name: str) -> float | None:
     return None
 
 
-def flops_per_token(model: GPT) -> float:
-    config = model.config
-    weights = sum(p.numel() for p in model.parameters()) - model.wpe.weight.numel()
-    return 6 * weights + 12 * config.n_layer * config.n_embd * config.n_positions
+def build(shape: str, device: torch.device) -> tuple[nn.Module, int, float]:
+    """The model of ``shape`` on ``device``, its context length and its training FLOPs per
+    token (6 N for the weights, N without the position table, + 12 L d T for attention)."""
+    if shape == "modern":
+        config = LlamaConfig(vocab_size=50304, hidden_size=768, intermediate_size=2048,
+                             num_hidden_layers=12, num_attention_heads=12,
+                             num_key_value_heads=4, max_position_embeddings=1024,
+                             qk_norm=True, tie_word_embeddings=True)
+        model = Llama(config, device=device)
+        weights = sum(p.numel() for p in model.parameters())
+        layers, width = config.num_hidden_layers, config.num_attention_heads * config.d_head
+        context = config.max_position_embeddings
+    else:
+        gpt_config = GPTConfig(vocab_size=50304, dropout=0.0, embd_dropout=0.0, **SHAPES[shape])
+        model = GPT(gpt_config, device=device)
+        weights = sum(p.numel() for p in model.parameters()) - model.wpe.weight.numel()
+        layers, width, context = gpt_config.n_layer, gpt_config.n_embd, gpt_config.n_positions
+    return model, context, 6 * weights + 12 * layers * width * context
 
 
-SHAPES = {"small": {}, "medium": {"n_layer": 24, "n_head": 16, "n_embd": 1024}}
+SHAPES = {"small": {}, "medium": {"n_layer": 24, "n_head": 16, "n_embd": 1024}, "modern": {}}
 # shape/mode/batch: eager against compiled at one batch, then a larger batch and model.
-RUNS = ["small/eager/16", "small/compiled/16", "small/compiled/32", "medium/compiled/16"]
+RUNS = ["small/eager/16", "small/compiled/16", "small/compiled/32", "medium/compiled/16",
+        "modern/compiled/16"]
 
 
 def parse_run(run: str) -> tuple[str, bool, int]:
@@ -61,13 +82,12 @@ def parse_run(run: str) -> tuple[str, bool, int]:
 def measure(shape: str, compiled: bool, batch: int, steps: int, warmup: int) -> dict:
     device = torch.device("cuda")
     torch.manual_seed(0)
-    config = GPTConfig(vocab_size=50304, dropout=0.0, embd_dropout=0.0, **SHAPES[shape])
-    model = GPT(config, device=device)
+    model, context, flops = build(shape, device)
     optimizer = adamw(model, lr=3e-4)
     for group in optimizer.param_groups:
         group["fused"] = True
     step_model = torch.compile(model) if compiled else model
-    tokens = torch.randint(0, 50257, (steps + warmup, batch, config.n_positions), device=device)
+    tokens = torch.randint(0, 50257, (steps + warmup, batch, context), device=device)
 
     def step(i: int) -> None:
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -86,10 +106,10 @@ def measure(shape: str, compiled: bool, batch: int, steps: int, warmup: int) -> 
         step(i)
     torch.cuda.synchronize()
     seconds = time.perf_counter() - start
-    tokens_per_second = steps * batch * config.n_positions / seconds
-    achieved = tokens_per_second * flops_per_token(model) / 1e12
+    tokens_per_second = steps * batch * context / seconds
+    achieved = tokens_per_second * flops / 1e12
     peak = peak_tflops(torch.cuda.get_device_name(device))
-    return {"shape": shape, "compiled": compiled, "batch": batch, "tokens_per_step": batch * config.n_positions,
+    return {"shape": shape, "compiled": compiled, "batch": batch, "tokens_per_step": batch * context,
             "step_ms": 1e3 * seconds / steps, "tokens_per_s": tokens_per_second,
             "tflops": achieved, "mfu": achieved / peak if peak else float("nan"),
             "warmup_s": warmup_seconds,
@@ -111,7 +131,7 @@ def main() -> None:
         return
     torch.backends.cuda.matmul.allow_tf32 = True
     name = torch.cuda.get_device_name()
-    print(f"## GPT-2 shapes on {name}: torch {torch.__version__}, bf16 autocast, "
+    print(f"## GPT-2-sized decoders on {name}: torch {torch.__version__}, bf16 autocast, "
           f"{args.steps} timed steps after {args.warmup}")
     print("| shape | mode | batch | step ms | tokens/s | TFLOP/s | MFU | peak GiB | warm-up s |")
     print("|---|---|---|---|---|---|---|---|---|")

@@ -162,6 +162,14 @@ def test_interpreted_backward_strided_inputs_and_scale() -> None:
 
 
 @interpreter
+def test_length_classes_round_up_to_a_power_of_two_and_stop_at_16k() -> None:
+    from lecture_pkg.kernels.flash_attention_triton import length_class
+
+    got = [length_class(t) for t in (1, 2, 3, 1000, 1024, 1025, 16384, 16385, 10**6)]
+    assert got == [1, 2, 4, 1024, 1024, 2048, 16384, 16384, 16384]
+
+
+@interpreter
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 def test_interpreted_kernel_small_tiles_for_older_gpus(monkeypatch: pytest.MonkeyPatch,
                                                       is_causal: bool) -> None:

@@ -28,9 +28,9 @@ Details beyond the PyTorch loop:
 * tiles that need no mask (entirely before the causal diagonal and inside the sequence) run a loop
   without the mask arithmetic; only the remaining tiles pay for ``tl.where``;
 * on a CUDA GPU of compute capability 8.0 or newer the tile sizes, warps and pipeline stages are
-  autotuned per head dim, causality and dtype (:data:`FORWARD_CONFIGS`, ...); older GPUs and the
-  interpreter use the fixed :func:`launch_config`. The measured speeds are in
-  ``benchmarks/RESULTS.md`` (``benchmarks/attention_gpu.py``).
+  autotuned per head dim, causality, dtype and length class (:data:`FORWARD_CONFIGS`, ...);
+  older GPUs and the interpreter use the fixed :func:`launch_config`. The measured speeds are
+  in ``benchmarks/RESULTS.md`` (``benchmarks/attention.py``).
 
 Causal masking is top-left aligned (query i sees keys j <= i), as torch's ``is_causal``.
 Only imported through :mod:`lecture_pkg.kernels`, once Triton is known to be importable.
@@ -55,7 +55,8 @@ LOG2_E = math.log2(math.e)
 FORWARD_CONFIGS = [
     triton.Config({"BLOCK_Q": bq, "BLOCK_K": bk}, num_warps=w, num_stages=s)
     for bq, bk, w, s in [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 32, 4, 4),
-                         (64, 64, 4, 4), (256, 64, 8, 3)]
+                         (64, 64, 4, 4), (256, 64, 8, 3), (128, 64, 4, 4), (128, 128, 8, 2),
+                         (128, 64, 8, 4), (128, 128, 4, 3)]
 ]
 BACKWARD_KV_CONFIGS = [
     triton.Config({"BLOCK_Q": bq, "BLOCK_K": bk}, num_warps=w, num_stages=s)
@@ -77,6 +78,13 @@ def launch_config(head_dim: int, device: torch.device) -> dict[str, int]:
         return {"BLOCK_Q": 128, "BLOCK_K": 64, "num_warps": 4 if head_dim == 64 else 8,
                 "num_stages": 3}
     return {"BLOCK_Q": 64, "BLOCK_K": 32, "num_warps": 4, "num_stages": 1}
+
+
+def length_class(t_k: int) -> int:
+    """The autotuner's view of the sequence length: t_k rounded up to a power of two, at most
+    2^14. Each class is tuned once (a long sequence may want deeper pipelining than a short
+    one), without retuning for every length a generation loop passes through."""
+    return min(1 << max(t_k - 1, 0).bit_length(), 1 << 14)
 
 
 def _autotuned(device: torch.device) -> bool:
@@ -108,7 +116,7 @@ def _attend_key_blocks(acc, row_sum, row_max, q, k_base, v_base, stride_kt, stri
         else:
             k_t = tl.load(k_ptrs)
             v = tl.load(v_ptrs)
-        scores = tl.dot(q, k_t) * qk_scale  # (BLOCK_Q, BLOCK_K), float32
+        scores = tl.dot(q, k_t)  # (BLOCK_Q, BLOCK_K), float32, not yet scaled
         if MASKED:
             allowed = key_index[None, :] < t_k
             if CAUSAL:
@@ -116,11 +124,13 @@ def _attend_key_blocks(acc, row_sum, row_max, q, k_base, v_base, stride_kt, stri
             # Every query's first key block holds key 0, which it may attend, so row_max is
             # finite from the first block on and -inf here never meets -inf (no NaN).
             scores = tl.where(allowed, scores, float("-inf"))
-        new_max = tl.maximum(row_max, tl.max(scores, 1))
-        probs = tl.math.exp2(scores - new_max[:, None])
+        # Scaling the maximum rather than every score lets the scale and the subtraction
+        # below fuse into one multiply-add per score (qk_scale > 0 keeps the maximum).
+        new_max = tl.maximum(row_max, tl.max(scores, 1) * qk_scale)
+        probs = tl.math.exp2(scores * qk_scale - new_max[:, None])
         rescale = tl.math.exp2(row_max - new_max)  # 0 on the first block (row_max = -inf)
         row_sum = row_sum * rescale + tl.sum(probs, 1)
-        acc = acc * rescale[:, None] + tl.dot(probs.to(v.dtype), v)
+        acc = tl.dot(probs.to(v.dtype), v, acc * rescale[:, None])  # accumulates in place
         row_max = new_max
     return acc, row_sum, row_max
 
@@ -129,7 +139,7 @@ def _attend_key_blocks(acc, row_sum, row_max, q, k_base, v_base, stride_kt, stri
 def _flash_forward_kernel(Q, K, V, Out, LSE,
                           stride_qz, stride_qt, stride_qd, stride_kz, stride_kt, stride_kd,
                           stride_vz, stride_vt, stride_vd, stride_oz, stride_ot, stride_od,
-                          t_q, t_k, qk_scale,
+                          t_q, t_k, length_class, qk_scale,
                           HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
                           BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr):
     """One program: queries [q_start, q_start + BLOCK_Q) of batch-head z. Q, K, V, Out are
@@ -217,7 +227,7 @@ def _flash_backward_kv_kernel(Q, K, V, DO, LSE, Delta, DK, DV,
                               stride_qz, stride_qt, stride_qd, stride_kz, stride_kt, stride_kd,
                               stride_vz, stride_vt, stride_vd, stride_doz, stride_dot, stride_dod,
                               stride_dkz, stride_dkt, stride_dkd, stride_dvz, stride_dvt,
-                              stride_dvd, t_q, t_k, qk_scale, scale,
+                              stride_dvd, t_q, t_k, length_class, qk_scale, scale,
                               HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
                               BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr):
     """One program: dK and dV of keys [k_start, k_start + BLOCK_K) of batch-head z."""
@@ -301,7 +311,8 @@ def _query_block_grads(dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_
 def _flash_backward_q_kernel(Q, K, V, DO, LSE, Delta, DQ,
                              stride_qz, stride_qt, stride_qd, stride_kz, stride_kt, stride_kd,
                              stride_vz, stride_vt, stride_vd, stride_doz, stride_dot, stride_dod,
-                             stride_dqz, stride_dqt, stride_dqd, t_q, t_k, qk_scale, scale,
+                             stride_dqz, stride_dqt, stride_dqd, t_q, t_k, length_class, qk_scale,
+                             scale,
                              HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
                              BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr):
     """One program: dQ of queries [q_start, q_start + BLOCK_Q) of batch-head z."""
@@ -345,12 +356,13 @@ _TUNED: dict[triton.JITFunction, triton.runtime.Autotuner] = {}
 def _kernel(kernel: triton.JITFunction, configs: list[triton.Config],
             device: torch.device) -> triton.JITFunction | triton.runtime.Autotuner:
     """The autotuned wrapper of ``kernel`` on recent CUDA GPUs (tuned once per head dim,
-    causality and dtype; the sequence length is not a key, so one tuning serves every length),
-    else the plain kernel, launched with fixed tiles."""
+    causality, dtype and :func:`length_class`), else the plain kernel, launched with fixed
+    tiles."""
     if not _autotuned(device):
         return kernel
     if kernel not in _TUNED:
-        _TUNED[kernel] = triton.autotune(configs=configs, key=["HEAD_DIM", "CAUSAL"])(kernel)
+        key = ["HEAD_DIM", "CAUSAL", "length_class"]
+        _TUNED[kernel] = triton.autotune(configs=configs, key=key)(kernel)
     return _TUNED[kernel]
 
 
@@ -384,7 +396,7 @@ def flash_attention_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool,
     if q3.shape[0] == 0 or t_q == 0:
         return out.reshape(q.shape), lse
     args = (q3, k3, v3, out, lse, *q3.stride(), *k3.stride(), *v3.stride(), *out.stride(),
-            t_q, t_k, scale * LOG2_E)
+            t_q, t_k, length_class(t_k), scale * LOG2_E)
     kernel = _kernel(_flash_forward_kernel, FORWARD_CONFIGS, q.device)
     if kernel is _flash_forward_kernel:
         config = launch_config(head_dim, q.device)
@@ -411,9 +423,9 @@ def flash_attention_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, 
     delta = (do3.float() * _as_3d(out).float()).sum(-1)
     common = (*q3.stride(), *k3.stride(), *v3.stride(), *do3.stride())
     kv_args = (q3, k3, v3, do3, lse, delta, dk, dv, *common, *dk.stride(), *dv.stride(),
-               t_q, t_k, scale * LOG2_E, scale)
+               t_q, t_k, length_class(t_k), scale * LOG2_E, scale)
     q_args = (q3, k3, v3, do3, lse, delta, dq, *common, *dq.stride(), t_q, t_k,
-              scale * LOG2_E, scale)
+              length_class(t_k), scale * LOG2_E, scale)
     kv_kernel = _kernel(_flash_backward_kv_kernel, BACKWARD_KV_CONFIGS, q.device)
     q_kernel = _kernel(_flash_backward_q_kernel, BACKWARD_Q_CONFIGS, q.device)
     z = q3.shape[0]
