@@ -7,9 +7,10 @@ small functions (chapter 10). Their data (instructions and preference pairs) is 
   sequence ``<|user|> prompt <|end|> <|assistant|> response <|end|>``; a boolean
   ``completion_mask`` marks the tokens the model is trained to produce (the response and its
   closing ``<|end|>``), so the prompt is context, never a target. :func:`pack` lays many short
-  examples end to end in fixed-length rows, and :func:`completion_loss` is the mean next-token
-  cross-entropy over the marked tokens only (what trl's ``SFTTrainer`` computes with
-  ``completion_only_loss``).
+  examples end to end in fixed-length rows (:func:`pack_isolated` restarts the positions and
+  masks attention block-diagonally, so examples do not see each other), and
+  :func:`completion_loss` is the mean next-token cross-entropy over the marked tokens only
+  (what trl's ``SFTTrainer`` computes with ``completion_only_loss``).
 * **Reward model** (Bradley-Terry): P(chosen preferred to rejected) = sigmoid(r_c - r_r), so the
   loss is ``-log sigmoid(r_c - r_r)`` (:func:`bradley_terry_loss`); the reward itself is a scalar
   head on the last real token (``GPTForSequenceClassification(gpt, num_labels=1)``).
@@ -38,12 +39,13 @@ from torch import Tensor
 
 from lecture_pkg.checks import check_float_tensor, check_int
 from lecture_pkg.lm_eval import check_logits_and_mask
+from lecture_pkg.masks import document_mask, packed_document_ids, position_ids
 from lecture_pkg.models.gpt import GPT, next_token_loss
 from lecture_pkg.policy_gradient import masked_mean
 
-__all__ = ["CHAT_TOKENS", "Rollout", "bradley_terry_loss", "completion_loss", "dpo_loss",
-           "encode_chat", "generate_answers", "group_advantages", "grpo_loss", "kl_penalty",
-           "pack", "ppo_clip_loss"]
+__all__ = ["CHAT_TOKENS", "PackedRows", "Rollout", "bradley_terry_loss", "completion_loss",
+           "dpo_loss", "encode_chat", "generate_answers", "group_advantages", "grpo_loss",
+           "kl_penalty", "pack", "pack_isolated", "ppo_clip_loss"]
 
 
 CHAT_TOKENS = ("<|user|>", "<|assistant|>", "<|end|>")
@@ -93,6 +95,33 @@ def encode_chat(tokenizer: ChatTokenizer, prompt: str,
     return ids, mask
 
 
+def _fill_rows(examples: Sequence[tuple[Sequence[int], Sequence[bool]]], block_size: int,
+               pad_id: int) -> list[list[tuple[list[int], list[bool]]]]:
+    """The examples of each row, in order: a new row starts where an example does not fit."""
+    check_int("block_size", block_size, minimum=2)
+    check_int("pad_id", pad_id)
+    if isinstance(examples, (str, bytes)) or not isinstance(examples, Sequence):
+        raise TypeError(f"examples must be a sequence of (ids, completion_mask) pairs, "
+                        f"got {type(examples).__name__}")
+    rows: list[list[tuple[list[int], list[bool]]]] = [[]]
+    used = 0
+    for index, example in enumerate(examples):
+        if not isinstance(example, (tuple, list)) or len(example) != 2:
+            raise TypeError(f"examples[{index}] must be an (ids, completion_mask) pair")
+        ids, mask = example
+        if len(ids) != len(mask):
+            raise ValueError(f"examples[{index}] has {len(ids)} ids but {len(mask)} mask entries")
+        if not 0 < len(ids) <= block_size:
+            raise ValueError(f"examples[{index}] has {len(ids)} tokens; it needs 1 to "
+                             f"block_size={block_size}")
+        if used + len(ids) > block_size:
+            rows.append([])
+            used = 0
+        rows[-1].append(([int(i) for i in ids], [bool(m) for m in mask]))
+        used += len(ids)
+    return rows
+
+
 def pack(examples: Sequence[tuple[Sequence[int], Sequence[bool]]], block_size: int,
          pad_id: int) -> tuple[Tensor, Tensor]:
     """Lay examples end to end in rows of ``block_size`` tokens (packing).
@@ -101,29 +130,57 @@ def pack(examples: Sequence[tuple[Sequence[int], Sequence[bool]]], block_size: i
     row, and the rest of a row is padding (``pad_id``, mask False). Inside a row a later example
     can attend to earlier ones, as in pretraining on concatenated documents; only the mask keeps
     their prompts out of the loss. Returns input_ids (rows, block_size) long and
-    completion_mask (rows, block_size) bool.
+    completion_mask (rows, block_size) bool. :func:`pack_isolated` keeps examples apart.
     """
-    check_int("block_size", block_size, minimum=2)
-    check_int("pad_id", pad_id)
-    rows: list[list[int]] = [[]]
-    masks: list[list[bool]] = [[]]
-    for index, (ids, mask) in enumerate(examples):
-        if len(ids) != len(mask):
-            raise ValueError(f"examples[{index}] has {len(ids)} ids but {len(mask)} mask entries")
-        if len(ids) > block_size:
-            raise ValueError(f"examples[{index}] has {len(ids)} tokens, more than "
-                             f"block_size={block_size}")
-        if len(rows[-1]) + len(ids) > block_size:
-            rows.append([])
-            masks.append([])
-        rows[-1] += list(ids)
-        masks[-1] += [bool(m) for m in mask]
+    return _row_tensors(_fill_rows(examples, block_size, pad_id), block_size, pad_id)
+
+
+def _row_tensors(rows: list[list[tuple[list[int], list[bool]]]], block_size: int,
+                 pad_id: int) -> tuple[Tensor, Tensor]:
     input_ids = torch.full((len(rows), block_size), pad_id, dtype=torch.long)
     completion_mask = torch.zeros(len(rows), block_size, dtype=torch.bool)
-    for i, (ids, mask) in enumerate(zip(rows, masks)):
+    for i, row in enumerate(rows):
+        ids = [token for ids, _ in row for token in ids]
+        mask = [m for _, mask in row for m in mask]
         input_ids[i, :len(ids)] = torch.tensor(ids, dtype=torch.long)
         completion_mask[i, :len(mask)] = torch.tensor(mask, dtype=torch.bool)
     return input_ids, completion_mask
+
+
+class PackedRows(NamedTuple):
+    """Rows of examples packed apart (:func:`pack_isolated`).
+
+    input_ids: (rows, block_size) long; completion_mask: (rows, block_size) bool;
+    position_ids: (rows, block_size) long, 0, 1, 2, ... restarting with every example (0 at
+    padding); attn_mask: (rows, block_size, block_size) bool, True = may attend: causal and
+    block-diagonal, so a token sees only the earlier tokens of its own example (a padding
+    token sees nothing). Pass all but completion_mask to the model:
+    ``model(input_ids, position_ids=position_ids, attn_mask=attn_mask)``.
+    """
+
+    input_ids: Tensor
+    completion_mask: Tensor
+    position_ids: Tensor
+    attn_mask: Tensor
+
+
+def pack_isolated(examples: Sequence[tuple[Sequence[int], Sequence[bool]]], block_size: int,
+                  pad_id: int) -> PackedRows:
+    """Pack as :func:`pack` does (same rows), but keep every example on its own: positions
+    restart at 0 for each example and the causal attention mask is block-diagonal, so each
+    example's logits are those it gets alone at the start of a row (what trl's padding-free
+    packing computes, there with varlen attention kernels instead of a mask). The
+    completion_mask is :func:`pack`'s, False on each example's first token.
+    """
+    rows = _fill_rows(examples, block_size, pad_id)
+    input_ids, completion_mask = _row_tensors(rows, block_size, pad_id)
+    # document index of every token (-1 at padding), as trl derives it from seq_lengths
+    document_ids = torch.stack([packed_document_ids([len(ids) for ids, _ in row], block_size)
+                                for row in rows])
+    positions = position_ids(document_ids)
+    # an example's first token has nothing of its own before it: never a target (as in trl)
+    return PackedRows(input_ids, completion_mask & (positions > 0), positions,
+                      document_mask(document_ids))
 
 
 def completion_loss(logits: Tensor, input_ids: Tensor, completion_mask: Tensor) -> Tensor:
@@ -263,7 +320,8 @@ class Rollout(NamedTuple):
 def generate_answers(model: GPT, tokenizer: ChatTokenizer, prompts: Sequence[str],
                      max_new_tokens: int = 12, do_sample: bool = False,
                      generator: torch.Generator | None = None,
-                     prefixes: Sequence[Sequence[int]] | None = None) -> Rollout:
+                     prefixes: Sequence[Sequence[int]] | None = None,
+                     isolated: bool = False) -> Rollout:
     """Answer every prompt in the chat template, greedily or by sampling (``do_sample``), in
     one left-padded batch; an answer ends at ``<|end|>`` or after ``max_new_tokens`` tokens.
     The model is put in eval mode.
@@ -271,7 +329,13 @@ def generate_answers(model: GPT, tokenizer: ChatTokenizer, prompts: Sequence[str
     ``prefixes``: token ids to place before each prompt's turn in the same row (for example
     a solved example, as packing puts one there in training); the positions run on from the
     prefix into the prompt, as in a packed row. None: every prompt starts the row.
+    ``isolated``: the prefix is packed as :func:`pack_isolated` packs it, the prompt's positions
+    restart at 0 and neither it nor the answer may attend to the prefix (the prefix's keys
+    are masked out, the last block of the block-diagonal mask), so the answers are those the
+    prompts get alone.
     """
+    if not isinstance(isolated, bool):
+        raise TypeError(f"isolated must be a bool, got {type(isolated).__name__}")
     if isinstance(prompts, str) or not prompts:
         raise ValueError("prompts must be a non-empty sequence of str")
     if prefixes is not None and len(prefixes) != len(prompts):
@@ -279,13 +343,14 @@ def generate_answers(model: GPT, tokenizer: ChatTokenizer, prompts: Sequence[str
                          f"{len(prefixes)}")
     end, pad = tokenizer.special_tokens["<|end|>"], tokenizer.special_tokens["<|pad|>"]
     encoded = [encode_chat(tokenizer, p)[0] for p in prompts]
+    seen = [[1] * len(p) for p in encoded]  # 1 where the prompt's turn may attend
     if prefixes is not None:
+        seen = [[int(not isolated)] * len(before) + s for before, s in zip(prefixes, seen)]
         encoded = [[int(i) for i in before] + p for before, p in zip(prefixes, encoded)]
     width = max(map(len, encoded))
     device = next(model.parameters()).device
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in encoded], device=device)
-    keep = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in encoded],
-                        device=device)
+    keep = torch.tensor([[0] * (width - len(s)) + s for s in seen], device=device)
     out = model.eval().generate(ids, keep, max_new_tokens=max_new_tokens, do_sample=do_sample,
                                 generator=generator, eos_token_id=end, pad_token_id=pad)
     new = out[:, width:]

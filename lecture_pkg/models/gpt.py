@@ -113,6 +113,9 @@ class GPT(HFInterop, nn.Module):
     - attention_mask: (batch, past + t), 1/True = real token. Without position_ids, positions
       count real tokens only (cumsum - 1), so a left-padded prompt gets the same positions as
       the unpadded one.
+    - attn_mask: (batch, t, past + t) bool, True = query i may attend to key j, on top of the
+      causal triangle and the padding; with packed examples the block-diagonal
+      :func:`lecture_pkg.masks.document_mask`, and position_ids restarting per example.
     - cache: :meth:`new_cache` (one :class:`KVCache` per layer); input_ids then holds only the
       new tokens, and the cache grows by t.
     - output_attentions: the package's own attention, returning every layer's weights; without
@@ -170,12 +173,14 @@ class GPT(HFInterop, nn.Module):
 
     def features(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                  position_ids: Tensor | None = None, cache: list[KVCache] | None = None,
-                 output_attentions: bool = False) -> tuple[Tensor, tuple[Tensor, ...] | None]:
+                 output_attentions: bool = False,
+                 attn_mask: Tensor | None = None) -> tuple[Tensor, tuple[Tensor, ...] | None]:
         """The final hidden states (batch, t, n_embd), after ln_f, and the attention weights."""
         check_token_ids("input_ids", input_ids, self.config.vocab_size, nonempty=True)
         batch, t = input_ids.shape
         past = self._check_cache(cache)
         keep = check_padding_mask("attention_mask", attention_mask, (batch, past + t))
+        allowed = _check_attn_mask(attn_mask, (batch, t, past + t))
         if position_ids is None:
             position_ids = self._position_ids(keep, batch, past, t, input_ids.device)
         check_position_ids(position_ids, batch, t, self.config.n_positions, "n_positions")
@@ -184,7 +189,7 @@ class GPT(HFInterop, nn.Module):
         x = self.drop(self.wte(input_ids) + self.wpe(position_ids))
         attentions = []
         for i, block in enumerate(self.blocks):
-            x, weights = block(x, key_padding_mask=keep, is_causal=True,
+            x, weights = block(x, allowed, key_padding_mask=keep, is_causal=True,
                                cache=None if cache is None else cache[i],
                                output_attentions=output_attentions)
             attentions.append(weights)
@@ -192,9 +197,9 @@ class GPT(HFInterop, nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 position_ids: Tensor | None = None, cache: list[KVCache] | None = None,
-                output_attentions: bool = False) -> GPTOutput:
+                output_attentions: bool = False, attn_mask: Tensor | None = None) -> GPTOutput:
         hidden, attentions = self.features(input_ids, attention_mask, position_ids, cache,
-                                           output_attentions)
+                                           output_attentions, attn_mask)
         return GPTOutput(self.lm_head(hidden), hidden, attentions)
 
     @torch.no_grad()
@@ -327,6 +332,20 @@ class GPT(HFInterop, nn.Module):
             raise KeyError(f"state_dict lacks GPT-2 weight {missing}") from None
         ours["lm_head.weight"] = ours["wte.weight"]
         self.load_state_dict(ours)
+
+
+def _check_attn_mask(attn_mask: Tensor | None, shape: tuple[int, int, int]) -> Tensor | None:
+    """A (batch, t, past + t) bool attention mask, returned as (batch, 1, t, past + t) for the
+    heads; None stays None."""
+    if attn_mask is None:
+        return None
+    if not isinstance(attn_mask, Tensor) or attn_mask.dtype != torch.bool:
+        got = attn_mask.dtype if isinstance(attn_mask, Tensor) else type(attn_mask).__name__
+        raise TypeError(f"attn_mask must be a bool tensor (True = may attend), got {got}")
+    if tuple(attn_mask.shape) != shape:
+        raise ValueError(f"attn_mask must have shape (batch, t, past + t) = {shape}, "
+                         f"got {tuple(attn_mask.shape)}")
+    return attn_mask[:, None]
 
 
 def next_token_loss(logits: Tensor, input_ids: Tensor,
