@@ -16,7 +16,9 @@ policies' next-token distributions, and what each KL estimator does when it is u
   given as token ids, the reference's log-probabilities computed once.
 * :func:`verifier_pairs`: preference pairs from a model's own sampled answers as the reward
   rule judges them: within each group of answers to one prompt, each wrong answer paired with
-  a right one. The same samples can feed a reward model and DPO.
+  a right one. :func:`preference_set` builds the chapter's one preference data set this way,
+  with a fixed train/validation split, and it feeds both the reward model
+  (:func:`reward_model_train`, Bradley-Terry, 10.1) and DPO (10.2).
 * :func:`exact_reward`: the rule as a reward, 1 for the correct answer and 0 otherwise.
 * :func:`ppo_train`: PPO as RLHF runs it (Ziegler et al. 2019; Ouyang et al. 2022), at the
   same scale: a value head on the policy's last hidden state (:class:`ValueHead`), the per-token
@@ -49,6 +51,7 @@ from torch import Tensor, nn
 from lecture_pkg.alignment import (
     ChatTokenizer,
     Rollout,
+    bradley_terry_loss,
     completion_loss,
     dpo_loss,
     encode_chat,
@@ -60,11 +63,12 @@ from lecture_pkg.alignment import (
 )
 from lecture_pkg.checks import check_bool_mask, check_float_tensor, check_int
 from lecture_pkg.lm_eval import pad_right, sequence_logprobs, token_logprobs
-from lecture_pkg.models.gpt import GPT
+from lecture_pkg.models.gpt import GPT, GPTForSequenceClassification
 from lecture_pkg.policy_gradient import gae, kl_shaped_rewards, masked_mean, value_loss, whiten
 
-__all__ = ["RLRun", "ValueHead", "dpo_train", "exact_kl", "exact_reward", "grpo_train",
-           "kl_loss_gradient", "masked_answer_kl", "ppo_train", "verifier_pairs"]
+__all__ = ["PreferencePairs", "PreferenceSet", "RLRun", "ValueHead", "dpo_train", "exact_kl",
+           "exact_reward", "grpo_train", "kl_loss_gradient", "masked_answer_kl",
+           "ppo_train", "preference_set", "reward_model_train", "verifier_pairs"]
 
 
 class _Prompted(Protocol):
@@ -144,11 +148,7 @@ def grpo_train(model: GPT, reference: GPT, tokenizer: ChatTokenizer,
     curve: list[dict[str, float]] = []
     evals: list[dict[str, float]] = []
 
-    def measure(step: int) -> None:
-        if evaluate is not None:
-            evals.append({"step": step, **evaluate(policy.eval())})
-
-    measure(0)
+    _measure(evals, evaluate, 0, policy)
     for step in range(steps):
         batch, out, rewards = _rollout(policy, tokenizer, items, reward_fn, prompts, group,
                                        picks, sampler, max_new_tokens)
@@ -178,8 +178,8 @@ def grpo_train(model: GPT, reference: GPT, tokenizer: ChatTokenizer,
                 _record(curve, row, log_fn, out.texts, batch)
             _update(loss, policy, opt)
         if eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
-            measure(step + 1)
-    measure(steps)
+            _measure(evals, evaluate, step + 1, policy)
+    _measure(evals, evaluate, steps, policy)
     return RLRun(policy.eval(), curve, evals)
 
 
@@ -187,9 +187,38 @@ def _pad_id(tokenizer: ChatTokenizer) -> int:
     return tokenizer.special_tokens["<|pad|>"]
 
 
+class PreferencePairs(NamedTuple):
+    """Preference pairs: for each ``i``, ``chosen[i]`` is preferred to ``rejected[i]`` as an
+    answer to ``items[i]`` (each entry one pair; an item may appear in several)."""
+
+    items: list
+    chosen: list[str]
+    rejected: list[str]
+
+    def rows(self, tokenizer: ChatTokenizer) -> tuple[Tensor, Tensor, Tensor]:
+        """The pairs as right-padded chat-template rows, the ``n`` chosen answers first and
+        the ``n`` rejected ones after them in the same order (what :func:`dpo_train` and
+        :func:`reward_model_train` take): (input_ids, attention_mask, completion_mask), each
+        (2 n, t), on the CPU."""
+        if not self.items:
+            raise ValueError("no pairs to lay out: the set is empty")
+        both = [encode_chat(tokenizer, it.prompt, a) for it, a in zip(self.items, self.chosen)]
+        both += [encode_chat(tokenizer, it.prompt, a)
+                 for it, a in zip(self.items, self.rejected)]
+        return pad_right(both, _pad_id(tokenizer))
+
+
+class PreferenceSet(NamedTuple):
+    """:func:`preference_set`'s pairs: ``train`` from the training items, ``validation`` from
+    the held-out ones; no prompt is in both."""
+
+    train: PreferencePairs
+    validation: PreferencePairs
+
+
 def verifier_pairs(model: GPT, tokenizer: ChatTokenizer, items: Sequence[_Answered],
                    reward_fn: RewardFn, group: int, seed: int, *, batch: int = 64,
-                   max_new_tokens: int = 12) -> tuple[list, list[str], list[str]]:
+                   max_new_tokens: int = 12) -> PreferencePairs:
     """Preference pairs from ``model``'s own sampled answers, judged by ``reward_fn``.
 
     Samples ``group`` answers to every item (a device generator seeded with ``seed``,
@@ -199,13 +228,48 @@ def verifier_pairs(model: GPT, tokenizer: ChatTokenizer, items: Sequence[_Answer
     it gives GRPO no advantage. Returns (items, chosen texts, rejected texts), one entry
     per pair.
     """
+    check_int("seed", seed, minimum=0)
+    sampler = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    return _sampled_pairs(model, tokenizer, items, reward_fn, group, sampler, batch,
+                          max_new_tokens, "items")
+
+
+def preference_set(model: GPT, tokenizer: ChatTokenizer, train_items: Sequence[_Answered],
+                   validation_items: Sequence[_Answered], reward_fn: RewardFn, group: int,
+                   seed: int, *, batch: int = 64, max_new_tokens: int = 12) -> PreferenceSet:
+    """The chapter's preference data: pairs of ``model``'s own sampled answers, ranked by the
+    rule ``reward_fn`` (the gold reward), with a fixed train/validation split.
+
+    As :func:`verifier_pairs` on ``train_items`` and then on ``validation_items``, both
+    sampled from one device generator seeded with ``seed`` (the same seed gives the same
+    set). The split is the one the caller fixes (for the chapter: training plays against
+    held-out plays); a validation prompt that is also a training prompt is refused, so the
+    validation pairs measure a judge on prompts it never trained on. The set feeds both a
+    reward model (:func:`reward_model_train`) and DPO (:func:`dpo_train`), through
+    :meth:`PreferencePairs.rows`.
+    """
+    check_int("seed", seed, minimum=0)
+    shared = sorted({it.prompt for it in train_items} & {it.prompt for it in validation_items})
+    if shared:
+        raise ValueError(f"validation_items shares {len(shared)} prompts with train_items "
+                         f"(first: {shared[0]!r}); the split must be disjoint")
+    sampler = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    train = _sampled_pairs(model, tokenizer, train_items, reward_fn, group, sampler, batch,
+                           max_new_tokens, "train_items")
+    validation = _sampled_pairs(model, tokenizer, validation_items, reward_fn, group,
+                                sampler, batch, max_new_tokens, "validation_items")
+    return PreferenceSet(train, validation)
+
+
+def _sampled_pairs(model: GPT, tokenizer: ChatTokenizer, items: Sequence[_Answered],
+                   reward_fn: RewardFn, group: int, sampler: torch.Generator, batch: int,
+                   max_new_tokens: int, name: str) -> PreferencePairs:
+    """:func:`verifier_pairs` with the sampling generator given; ``name`` names ``items``
+    in errors."""
     check_int("group", group, minimum=2)
     check_int("batch", batch, minimum=1)
-    check_int("seed", seed, minimum=0)
     if not items:
-        raise ValueError("items must be a non-empty sequence of items with an answer")
-    device = next(model.parameters()).device
-    sampler = torch.Generator(device=device).manual_seed(seed)
+        raise ValueError(f"{name} must be a non-empty sequence of items with an answer")
     repeated = [it for it in items for _ in range(group)]
     texts: list[str] = []
     for start in range(0, len(repeated), batch):
@@ -213,8 +277,12 @@ def verifier_pairs(model: GPT, tokenizer: ChatTokenizer, items: Sequence[_Answer
         texts += generate_answers(model, tokenizer, [it.prompt for it in chunk],
                                   max_new_tokens=max_new_tokens, do_sample=True,
                                   generator=sampler).texts
-    rewards = reward_fn(texts, repeated).float().cpu().view(len(items), group)
-    pairs_items, chosen, rejected = [], [], []
+    rewards = reward_fn(texts, repeated).float().cpu()
+    if rewards.shape != (len(repeated),):
+        raise ValueError(f"reward_fn must return ({len(repeated)},) rewards, got "
+                         f"shape {tuple(rewards.shape)}")
+    rewards = rewards.view(len(items), group)
+    pairs = PreferencePairs([], [], [])
     for i, item in enumerate(items):
         scores = rewards[i].tolist()
         answers = texts[i * group:(i + 1) * group]
@@ -222,10 +290,48 @@ def verifier_pairs(model: GPT, tokenizer: ChatTokenizer, items: Sequence[_Answer
         best = [a for a, r in zip(answers, scores) if r == top]
         worse = [a for a, r in zip(answers, scores) if r < top]
         for k, answer in enumerate(worse):
-            pairs_items.append(item)
-            chosen.append(best[k % len(best)])
-            rejected.append(answer)
-    return pairs_items, chosen, rejected
+            pairs.items.append(item)
+            pairs.chosen.append(best[k % len(best)])
+            pairs.rejected.append(answer)
+    return pairs
+
+
+def reward_model_train(model: GPT, ids: Tensor, attention_mask: Tensor, steps: int,
+                       seed: int, *, batch: int = 8, lr: float = 3e-4
+                       ) -> GPTForSequenceClassification:
+    """A Bradley-Terry reward model: a copy of ``model`` with a scalar head on the last real
+    token (``GPTForSequenceClassification(.., num_labels=1)``, as InstructGPT), trained on
+    ``n`` preference pairs.
+
+    ids, attention_mask: (2 n, t), right-padded rows, the chosen answers first and the
+    rejected ones after them in the same order (:meth:`PreferencePairs.rows`). The head is
+    initialised under ``torch.manual_seed(seed)``; each step draws ``batch`` pairs with
+    replacement (a CPU generator seeded with ``seed``) and takes one AdamW step (no weight
+    decay) on :func:`~lecture_pkg.alignment.bradley_terry_loss`. Returned in eval mode; its
+    forward(ids, attention_mask)[:, 0] is the reward, (batch,).
+    """
+    check_int("steps", steps, minimum=1)
+    check_int("batch", batch, minimum=1)
+    check_int("seed", seed, minimum=0)
+    if ids.dim() != 2 or ids.shape[0] % 2 or ids.shape != attention_mask.shape:
+        raise ValueError(f"ids and attention_mask must both be (2 n, t), got "
+                         f"{tuple(ids.shape)} and {tuple(attention_mask.shape)}")
+    device = next(model.parameters()).device
+    ids, attention_mask = ids.to(device), attention_mask.to(device)
+    n = ids.shape[0] // 2
+    torch.manual_seed(seed)
+    reward_model = GPTForSequenceClassification(copy.deepcopy(model), num_labels=1).to(device)
+    reward_model.train()
+    opt = torch.optim.AdamW(reward_model.parameters(), lr=lr, weight_decay=0.0)
+    picks = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        pick = torch.randint(n, (batch,), generator=picks)
+        both = torch.cat([pick, pick + n]).to(device)
+        rewards = reward_model(ids[both], attention_mask[both])[:, 0]
+        bradley_terry_loss(rewards[:batch], rewards[batch:]).backward()
+        opt.step()
+        opt.zero_grad()
+    return reward_model.eval()
 
 
 def dpo_train(model: GPT, reference: GPT, ids: Tensor, completion_mask: Tensor,
@@ -263,11 +369,7 @@ def dpo_train(model: GPT, reference: GPT, ids: Tensor, completion_mask: Tensor,
     curve: list[dict[str, float]] = []
     evals: list[dict[str, float]] = []
 
-    def measure(step: int) -> None:
-        if evaluate is not None:
-            evals.append({"step": step, **evaluate(policy.eval())})
-
-    measure(0)
+    _measure(evals, evaluate, 0, policy)
     for step in range(steps):
         pick = torch.randint(n, (batch,), generator=picks)
         both = torch.cat([pick, pick + n]).to(ids.device)
@@ -280,8 +382,8 @@ def dpo_train(model: GPT, reference: GPT, ids: Tensor, completion_mask: Tensor,
         opt.zero_grad()
         curve.append({"step": step, "loss": loss.item(), "margin": (r_c - r_r).mean().item()})
         if eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
-            measure(step + 1)
-    measure(steps)
+            _measure(evals, evaluate, step + 1, policy)
+    _measure(evals, evaluate, steps, policy)
     return RLRun(policy.eval(), curve, evals)
 
 
@@ -305,6 +407,14 @@ def _optimiser_and_generators(module: nn.Module, lr: float, seed: int, device: t
     opt = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=0.0)
     return (opt, torch.Generator(device=device).manual_seed(seed),
             torch.Generator().manual_seed(seed))
+
+
+def _measure(evals: list[dict[str, float]],
+             evaluate: Callable[[GPT], dict[str, float]] | None, step: int,
+             policy: GPT) -> None:
+    """Append ``evaluate(policy)`` (policy in eval mode) to ``evals`` with its ``step``."""
+    if evaluate is not None:
+        evals.append({"step": step, **evaluate(policy.eval())})
 
 
 def _record(curve: list[dict[str, float]], row: dict[str, float],
@@ -385,11 +495,7 @@ def ppo_train(model: GPT, reference: GPT, tokenizer: ChatTokenizer,
     curve: list[dict[str, float]] = []
     evals: list[dict[str, float]] = []
 
-    def measure(step: int) -> None:
-        if evaluate is not None:
-            evals.append({"step": step, **evaluate(agent.model.eval())})
-
-    measure(0)
+    _measure(evals, evaluate, 0, agent.model)
     for step in range(steps):
         batch, out, scores = _rollout(agent.model.eval(), tokenizer, items, reward_fn,
                                       prompts, 1, picks, sampler, max_new_tokens)
@@ -414,8 +520,8 @@ def ppo_train(model: GPT, reference: GPT, tokenizer: ChatTokenizer,
                                 "value_loss": v_loss.item()}, log_fn, out.texts, batch)
             _update(loss, agent, opt)
         if eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
-            measure(step + 1)
-    measure(steps)
+            _measure(evals, evaluate, step + 1, agent.model)
+    _measure(evals, evaluate, steps, agent.model)
     return RLRun(agent.model.eval(), curve, evals)
 
 

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from _rlhf_reference import grpo_step_by_hand
 
-from lecture_pkg.alignment import generate_answers, group_advantages, kl_penalty
+from lecture_pkg.alignment import generate_answers, kl_penalty
 from lecture_pkg.char_tokenizers import CharTokenizer
 from lecture_pkg.lm_eval import token_logprobs
 from lecture_pkg.models.gpt import GPT, GPTConfig
@@ -114,29 +115,11 @@ def test_grpo_train_one_step_equals_the_step_written_out(tokenizer):
 
     run = grpo_train(model, reference, tokenizer, items, reward, steps=1, beta=0.1, seed=5,
                      prompts=2, group=3, lr=1e-2, inner_steps=1)
-    # the same step by hand
-    policy = copy.deepcopy(model)
-    opt = torch.optim.AdamW(policy.parameters(), lr=1e-2, weight_decay=0.0)
-    picks = torch.Generator().manual_seed(5)
-    batch = [items[int(i)] for i in torch.randint(4, (2,), generator=picks)]
-    batch = [it for it in batch for _ in range(3)]
-    out = generate_answers(policy, tokenizer, [it.prompt for it in batch], do_sample=True,
-                           generator=torch.Generator().manual_seed(5))
-    adv = group_advantages(reward(out.texts, batch), 3)
-    mask = out.completion_mask[:, 1:]
-    with torch.no_grad():
-        ref = token_logprobs(reference(out.ids, out.attention_mask).logits, out.ids)
-    logp = token_logprobs(policy.train()(out.ids, out.attention_mask).logits, out.ids)
-    # first pass: ratio 1, so the clipped surrogate's gradient is that of -A log pi per token
-    surrogate = -(adv[:, None] * logp * mask).sum() / mask.sum()
-    d = ref - logp
-    kl = ((torch.exp(d) - d - 1) * mask).sum() / mask.sum()
-    (surrogate + 0.1 * kl).backward()
-    torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
-    opt.step()
-    assert run.curve[0]["kl"] == pytest.approx(kl.item(), abs=1e-6)
-    assert run.curve[0]["reward"] == pytest.approx(reward(out.texts, batch).mean().item())
-    for a, b in zip(run.policy.parameters(), policy.parameters()):
+    hand = grpo_step_by_hand(model, reference, tokenizer, items, reward, seed=5, prompts=2,
+                             group=3, lr=1e-2, beta=0.1)
+    assert run.curve[0]["kl"] == pytest.approx(hand.kl, abs=1e-6)
+    assert run.curve[0]["reward"] == pytest.approx(reward(hand.texts, hand.batch).mean().item())
+    for a, b in zip(run.policy.parameters(), hand.policy.parameters()):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
 
 

@@ -10,10 +10,11 @@ from typing import NamedTuple
 import pytest
 import torch
 import torch.nn.functional as F
+from _rlhf_reference import grpo_step_by_hand
 
-from lecture_pkg.alignment import encode_chat, generate_answers, group_advantages
+from lecture_pkg.alignment import encode_chat, generate_answers
 from lecture_pkg.char_tokenizers import CharTokenizer
-from lecture_pkg.lm_eval import pad_right, token_logprobs
+from lecture_pkg.lm_eval import pad_right
 from lecture_pkg.models.gpt import GPT, GPTConfig
 from lecture_pkg.rlhf import dpo_train, exact_reward, grpo_train, verifier_pairs
 
@@ -56,35 +57,25 @@ def test_grpo_ptx_step_equals_the_step_written_out(tokenizer):
     run = grpo_train(model, reference, tokenizer, ITEMS, reward, steps=1, beta=0.1, seed=5,
                      prompts=2, group=3, lr=1e-2, inner_steps=1, ptx_coef=0.5,
                      ptx_items=sft_items, ptx_batch=4)
-    policy = copy.deepcopy(model)
-    opt = torch.optim.AdamW(policy.parameters(), lr=1e-2, weight_decay=0.0)
-    picks = torch.Generator().manual_seed(5)
-    batch = [ITEMS[int(i)] for i in torch.randint(4, (2,), generator=picks)]
-    batch = [it for it in batch for _ in range(3)]
-    out = generate_answers(policy, tokenizer, [it.prompt for it in batch], do_sample=True,
-                           generator=torch.Generator().manual_seed(5))
-    adv = group_advantages(reward(out.texts, batch), 3)
-    mask = out.completion_mask[:, 1:]
-    with torch.no_grad():
-        ref = token_logprobs(reference(out.ids, out.attention_mask).logits, out.ids)
-    logp = token_logprobs(policy.train()(out.ids, out.attention_mask).logits, out.ids)
-    surrogate = -(adv[:, None] * logp * mask).sum() / mask.sum()
-    d = ref - logp
-    kl = ((torch.exp(d) - d - 1) * mask).sum() / mask.sum()
     drawn = torch.randint(3, (4,), generator=torch.Generator().manual_seed(5))
-    ce, count = 0.0, 0
-    for i in drawn:  # each SFT example alone, unpadded: the answer tokens' cross-entropy
-        ids, keep = encode_chat(tokenizer, sft_items[int(i)].prompt, sft_items[int(i)].answer)
-        x = torch.tensor([ids])
-        lp = F.log_softmax(policy(x).logits[0, :-1], -1)
-        for pos in range(1, len(ids)):
-            if keep[pos]:
-                ce = ce - lp[pos - 1, ids[pos]]
-                count += 1
-    ptx = ce / count
-    (surrogate + 0.1 * kl + 0.5 * ptx).backward()
-    torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
-    opt.step()
+    terms = {}
+
+    def ptx_term(policy):  # each SFT example alone, unpadded: the answer tokens' cross-entropy
+        ce, count = 0.0, 0
+        for i in drawn:
+            ids, keep = encode_chat(tokenizer, sft_items[int(i)].prompt,
+                                    sft_items[int(i)].answer)
+            lp = F.log_softmax(policy(torch.tensor([ids])).logits[0, :-1], -1)
+            for pos in range(1, len(ids)):
+                if keep[pos]:
+                    ce = ce - lp[pos - 1, ids[pos]]
+                    count += 1
+        terms["ptx"] = ce / count
+        return 0.5 * terms["ptx"]
+
+    policy = grpo_step_by_hand(model, reference, tokenizer, ITEMS, reward, seed=5, prompts=2,
+                               group=3, lr=1e-2, beta=0.1, extra=ptx_term).policy
+    ptx = terms["ptx"]
     assert run.curve[0]["ptx"] == pytest.approx(ptx.item(), rel=1e-5)
     # Adam's first step moves every weight by about lr = 1e-2 in its gradient's sign, so a
     # missing or wrong term shows at 1e-3 and more; 1e-5 absorbs the rounding of a weight
