@@ -48,6 +48,7 @@ from typing import NamedTuple, Protocol
 import torch
 from torch import Tensor, nn
 
+from lecture_pkg import seeds
 from lecture_pkg.alignment import (
     ChatTokenizer,
     Rollout,
@@ -65,9 +66,11 @@ from lecture_pkg.checks import check_bool_mask, check_float_tensor, check_int
 from lecture_pkg.lm_eval import pad_right, sequence_logprobs, token_logprobs
 from lecture_pkg.models.gpt import GPT, GPTForSequenceClassification
 from lecture_pkg.policy_gradient import gae, kl_shaped_rewards, masked_mean, value_loss, whiten
+from lecture_pkg.shakespeare_tasks import shakespeare_instructions
 
-__all__ = ["PreferencePairs", "PreferenceSet", "RLRun", "ValueHead", "dpo_train", "exact_kl",
-           "exact_reward", "grpo_train", "kl_loss_gradient", "masked_answer_kl",
+__all__ = ["CHAPTER_VALIDATION_PROMPTS", "PreferencePairs", "PreferenceSet", "RLRun", "ValueHead",
+           "chapter_preference_set",
+           "dpo_train", "exact_kl", "exact_reward", "grpo_train", "kl_loss_gradient", "masked_answer_kl",
            "ppo_train", "preference_set", "reward_model_train", "verifier_pairs"]
 
 
@@ -259,6 +262,25 @@ def preference_set(model: GPT, tokenizer: ChatTokenizer, train_items: Sequence[_
     validation = _sampled_pairs(model, tokenizer, validation_items, reward_fn, group,
                                 sampler, batch, max_new_tokens, "validation_items")
     return PreferenceSet(train, validation)
+
+
+CHAPTER_VALIDATION_PROMPTS = 600  # held-out-play instructions behind the validation pairs
+
+
+def chapter_preference_set(model: GPT, tokenizer: ChatTokenizer, prompts: int
+                           ) -> PreferenceSet:
+    """The one preference set of chapter 10, so that 10.2's reward model, 10.3's DPO and 10.4's
+    proxy reward learn from the same pairs: :func:`preference_set` on the first ``prompts``
+    training instructions (``shakespeare_instructions("train", prompts, seed=0)``, a prefix of
+    the pages' training set) against :data:`CHAPTER_VALIDATION_PROMPTS` instructions of the
+    held-out plays (seed 1), four
+    answers sampled per prompt with the sampling seed ``seeds(1, start=10)[0]`` (so it follows
+    ``LECTURE_SEED_OFFSET``), ranked by :func:`exact_reward`."""
+    check_int("prompts", prompts, minimum=1)
+    return preference_set(model, tokenizer, shakespeare_instructions("train", prompts, seed=0),
+                          shakespeare_instructions("test", CHAPTER_VALIDATION_PROMPTS, seed=1),
+                          exact_reward,
+                          group=4, seed=seeds(1, start=10)[0])
 
 
 def _sampled_pairs(model: GPT, tokenizer: ChatTokenizer, items: Sequence[_Answered],

@@ -13,10 +13,8 @@
   :func:`make_instructions` over any text, :func:`shakespeare_instructions` over one split of
   the corpus (upper-case a word, reverse it, count the words of a line), so held-out
   instructions come from held-out plays; :func:`exact_match` scores answers.
-* **Preferences from a known rule** (10.2, 10.3: reward model, DPO):
-  :func:`make_preference_pairs` prefers the correct answer to a plausible wrong one
-  (:func:`wrong_answer`: the word unchanged, the other task's answer, one letter off, a count
-  off by one).
+  The preference pairs of 10.2 and 10.3 are the SFT model's own samples ranked by
+  :func:`exact_match` (:func:`lecture_pkg.rlhf.preference_set`).
 """
 
 from __future__ import annotations
@@ -24,7 +22,6 @@ from __future__ import annotations
 import functools
 import random
 import re
-import string
 from collections import defaultdict
 from collections.abc import Callable, Collection, Sequence
 from typing import NamedTuple
@@ -39,8 +36,8 @@ from lecture_pkg.lm_eval import answer_logprob
 
 __all__ = ["INSTRUCTION_TASKS", "SPELLINGS", "Instruction", "demonstration_text",
            "demonstration_windows", "eight_letter_upper", "exact_match", "make_instructions",
-           "make_preference_pairs", "shakespeare_instructions", "spelling_accuracy",
-           "spelling_generation_accuracy", "spelling_words", "wrong_answer"]
+           "shakespeare_instructions", "spelling_accuracy",
+           "spelling_generation_accuracy", "spelling_words"]
 
 # --- which spelling: few-shot prompts (10.1) -------------------------------------------------
 
@@ -255,32 +252,3 @@ def exact_match(predictions: Sequence[str], items: Sequence[Instruction]) -> dic
     for prediction, item in zip(predictions, items):
         by_task[item.task].append(prediction == item.answer)
     return {task: sum(hits) / len(hits) for task, hits in by_task.items()}
-
-
-def _argument(item: Instruction) -> str:
-    return item.prompt.split(": ", 1)[1]
-
-
-def wrong_answer(item: Instruction, rng: random.Random) -> str:
-    """A plausible wrong answer to ``item``, drawn with ``rng``: for a word, the word unchanged,
-    the other task's answer, one letter replaced, or one letter dropped or doubled at the end;
-    for a count, the count plus or minus one."""
-    if item.task == "count":
-        n = int(item.answer)
-        return str(n + 1 if n <= 1 or rng.random() < 0.5 else n - 1)
-    word = _argument(item)
-    letters = string.ascii_uppercase if item.task == "upper" else string.ascii_lowercase
-    i = rng.randrange(len(item.answer))
-    replaced = item.answer[:i] + rng.choice(letters.replace(item.answer[i], "")) \
-        + item.answer[i + 1:]
-    options = [word, word[::-1] if item.task == "upper" else word.upper(), replaced,
-               item.answer[:-1], item.answer + item.answer[-1]]
-    return rng.choice([o for o in options if o != item.answer])
-
-
-def make_preference_pairs(items: Sequence[Instruction], seed: int = 0
-                          ) -> list[tuple[str, str, str]]:
-    """(prompt, chosen, rejected) for every item, by a known rule: the correct answer is
-    preferred to a wrong one (:func:`wrong_answer`). Deterministic given ``seed``."""
-    rng = random.Random(seed)
-    return [(it.prompt, it.answer, wrong_answer(it, rng)) for it in items]

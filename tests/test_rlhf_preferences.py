@@ -137,6 +137,27 @@ def test_preference_set_on_the_sft_model_prefers_the_correct_answer():
         assert all(c == it.answer != r for it, c, r in zip(*pairs))
 
 
+def test_chapter_preference_set_is_preference_set_with_the_pages_arguments(monkeypatch):
+    """10.2, 10.3 and 10.4 share one set: chapter_preference_set equals preference_set called
+    with the arguments its docstring names (30 held-out prompts here instead of 600, to keep
+    the test short), and it follows LECTURE_SEED_OFFSET through seeds()."""
+    from lecture_pkg import rlhf, seeds
+    from lecture_pkg.shakespeare_gpt import load_shakespeare_sft
+    from lecture_pkg.shakespeare_tasks import shakespeare_instructions
+
+    sft, tokenizer = load_shakespeare_sft(device="cpu")
+    monkeypatch.setattr(rlhf, "CHAPTER_VALIDATION_PROMPTS", 30)
+    got = rlhf.chapter_preference_set(sft, tokenizer, 20)
+    want = preference_set(sft, tokenizer, shakespeare_instructions("train", 20, seed=0),
+                          shakespeare_instructions("test", 30, seed=1), exact_reward, group=4,
+                          seed=seeds(1, start=10)[0])
+    assert got == want
+    monkeypatch.setenv("LECTURE_SEED_OFFSET", "1000")
+    assert rlhf.chapter_preference_set(sft, tokenizer, 20) != got
+    with pytest.raises(ValueError, match="prompts"):
+        rlhf.chapter_preference_set(sft, tokenizer, 0)
+
+
 def test_reward_model_train_step_equals_the_step_written_out(tokenizer):
     """One step: -log sigmoid(r_chosen - r_rejected) on the drawn pairs, the reward the head
     on each row's last real token, the head initialised under the seed."""

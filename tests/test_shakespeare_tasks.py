@@ -89,26 +89,6 @@ def test_make_instructions_answers_and_held_out_words():
         make_instructions(text, 2, tasks=("translate",))
 
 
-def test_wrong_answers_are_wrong_and_pairs_deterministic():
-    import random
-
-    from lecture_pkg.shakespeare_tasks import Instruction, make_preference_pairs, wrong_answer
-
-    items = [Instruction("upper", "upper: night", "NIGHT"),
-             Instruction("reverse", "reverse: night", "thgin"),
-             Instruction("count", "count: a b c", "3"), Instruction("count", "count: a", "1")]
-    rng = random.Random(0)
-    for _ in range(50):
-        for it in items:
-            wrong = wrong_answer(it, rng)
-            assert wrong != it.answer
-            if it.task == "count":
-                assert abs(int(wrong) - int(it.answer)) == 1 and int(wrong) >= 1
-    pairs = make_preference_pairs(items, seed=3)
-    assert pairs == make_preference_pairs(items, seed=3)
-    assert [(p, c) for p, c, _ in pairs] == [(it.prompt, it.answer) for it in items]
-
-
 def test_pad_right_and_exact_match():
     from lecture_pkg.lm_eval import pad_right
     from lecture_pkg.shakespeare_tasks import Instruction, exact_match
