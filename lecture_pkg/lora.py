@@ -311,7 +311,8 @@ def _top_right_singular_vectors(name: str, matrix: Tensor, n: int) -> Tensor:
     (cols, n) tensor; ValueError when the matrix has fewer than ``n`` nonzero singular values
     (its top-``n`` subspace would then be arbitrary)."""
     _, sigma, vh = torch.linalg.svd(matrix.detach().to("cpu", torch.float64), full_matrices=False)
-    tol = max(matrix.shape) * torch.finfo(torch.float64).eps * sigma[0].item()
+    # numerical rank as in numpy.linalg.matrix_rank, at the precision the matrix was stored in
+    tol = max(matrix.shape) * torch.finfo(matrix.dtype).eps * sigma[0].item()
     rank = int((sigma > tol).sum())
     if rank < n:
         raise ValueError(f"{name} has numerical rank {rank}, fewer than the {n} directions asked "
