@@ -14,6 +14,8 @@ All three freeze the pretrained model and train a few new parameters:
 
 :func:`inject_lora` and :func:`add_adapters` put them into a model by module name,
 :func:`mark_only_trainable` freezes everything else, :func:`count_parameters` counts.
+:func:`subspace_similarity` measures how much two trained adapters' subspaces overlap (Hu et al.
+2022, section 7.2).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ __all__ = [
     "inject_lora",
     "mark_only_trainable",
     "merge_lora",
+    "subspace_similarity",
+    "subspace_similarity_grid",
 ]
 
 
@@ -300,3 +304,67 @@ class SoftPrompt(nn.Module):
         prompt_mask = torch.ones(batch, self.prompt.shape[0], dtype=torch.bool,
                                  device=mask.device)
         return torch.cat([prompt, embeddings], dim=1), torch.cat([prompt_mask, mask], dim=1)
+
+
+def _top_right_singular_vectors(name: str, matrix: Tensor, n: int) -> Tensor:
+    """The top ``n`` right-singular vectors of ``matrix`` (rows, cols) as columns of a float64
+    (cols, n) tensor; ValueError when the matrix has fewer than ``n`` nonzero singular values
+    (its top-``n`` subspace would then be arbitrary)."""
+    _, sigma, vh = torch.linalg.svd(matrix.detach().to("cpu", torch.float64), full_matrices=False)
+    # numerical rank as in numpy.linalg.matrix_rank, at the precision the matrix was stored in
+    tol = max(matrix.shape) * torch.finfo(matrix.dtype).eps * sigma[0].item()
+    rank = int((sigma > tol).sum())
+    if rank < n:
+        raise ValueError(f"{name} has numerical rank {rank}, fewer than the {n} directions asked "
+                         f"for: its top-{n} subspace is not defined")
+    return vh[:n].T
+
+
+def _check_pair(a1: Tensor, a2: Tensor) -> None:
+    for name, a in (("a1", a1), ("a2", a2)):
+        check_float_tensor(name, a)
+        if a.dim() != 2:
+            raise ValueError(f"{name} must be a 2-D (rows, d) matrix, got shape {tuple(a.shape)}")
+    if a1.shape[1] != a2.shape[1]:
+        raise ValueError(f"a1 has {a1.shape[1]} columns but a2 has {a2.shape[1]} (both must "
+                         "act on the same d-dimensional input space)")
+
+
+def subspace_similarity_grid(a1: Tensor, a2: Tensor) -> Tensor:
+    """phi(a1, a2, i, j) for every i <= min(a1.shape) and j <= min(a2.shape) at once.
+
+    a1: (r1, d), a2: (r2, d), e.g. the ``lora_A`` of two adapters on the same layer, or two
+    updates ``delta_weight()`` (out, d). Returns a float64 (min(r1, d), min(r2, d)) tensor whose
+    entry [i - 1, j - 1] is :func:`subspace_similarity` (a1, a2, i, j). Each matrix must have
+    full rank min(rows, d).
+    """
+    _check_pair(a1, a2)
+    u = _top_right_singular_vectors("a1", a1, min(a1.shape))
+    v = _top_right_singular_vectors("a2", a2, min(a2.shape))
+    overlap = (u.T @ v).square().cumsum(0).cumsum(1)  # [i-1, j-1] = ||U_i^T V_j||_F^2
+    i = torch.arange(1, u.shape[1] + 1, dtype=torch.float64)[:, None]
+    j = torch.arange(1, v.shape[1] + 1, dtype=torch.float64)[None, :]
+    return overlap / torch.minimum(i, j)
+
+
+def subspace_similarity(a1: Tensor, a2: Tensor, i: int, j: int) -> float:
+    """Hu et al.'s normalised subspace similarity phi(a1, a2, i, j) = ||U_i^T V_j||_F^2 / min(i, j).
+
+    a1: (r1, d) and a2: (r2, d) act on the same d-dimensional space (LoRA's A: (r, in_features));
+    U_i: (d, i) holds the top-i right-singular vectors of a1, V_j: (d, j) the top-j of a2.
+    The result lies in [0, 1]: 1 when one subspace contains the other, 0 when they are
+    orthogonal. It equals the mean of cos^2 of the min(i, j) principal angles between them.
+    For a random i-dimensional subspace its expectation is max(i, j) / d.
+    1 <= i <= min(r1, d) and 1 <= j <= min(r2, d), and the top-i (top-j) singular values must be
+    nonzero. Computed in float64 on the CPU.
+    """
+    _check_pair(a1, a2)
+    for name, value, a in (("i", i, a1), ("j", j, a2)):
+        check_int(name, value, minimum=1)
+        if value > min(a.shape):
+            source = "a1" if name == "i" else "a2"
+            raise ValueError(f"{name} must be <= min{tuple(a.shape)} = {min(a.shape)} "
+                             f"(the number of right-singular vectors of {source}), got {value}")
+    u = _top_right_singular_vectors("a1", a1, i)
+    v = _top_right_singular_vectors("a2", a2, j)
+    return (u.T @ v).square().sum().item() / min(i, j)
