@@ -22,8 +22,8 @@ per seed): the CNN, the ViT, the hybrid (conv stem + ViT), "ViT + shifts" (one-p
 the training images), DeiT (hard distillation from the CNN of the same seed and images, trained
 first under the same rule), the ViT without positions, Swin and Swin without shifted windows.
 Seeds: ``lecture_pkg.seeds(4)``, one CPU thread; ``--arms`` and ``--sizes`` run a subset. The
-pages read ``lecture_pkg/recorded/vit_convergence_cpu.json`` (``make vit-convergence``; about
-13 minutes of CPU time for all eight arms, see ``benchmarks/RESULTS.md``).
+pages read ``lecture_pkg/recorded/vit_convergence_cpu.json`` (``make vit-convergence``; 22
+minutes on one thread of a shared 2-core machine, see ``benchmarks/RESULTS.md``).
 
     OMP_NUM_THREADS=1 python scripts/vit_convergence.py --out lecture_pkg/recorded/vit_convergence_cpu.json
 """
