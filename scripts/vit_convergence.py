@@ -17,12 +17,13 @@ The rule, the same for every arm and size:
 * logistic regression on the pixels is fitted on the same images, its inverse regularisation
   ``C`` chosen on the same validation set.
 
-Arms: ViT and CNN at 50, 200 and 1,040 images (a different stratified subset per seed);
-``--arms`` adds, at 1,040 images, the hybrid (conv stem + ViT), "ViT + shifts" and Swin (not in
-the recorded file: the shared CPU of the recording did not allow them). Seeds:
-``lecture_pkg.seeds(4)``, one CPU thread. The pages read
-``lecture_pkg/recorded/vit_convergence_cpu.json`` (``make vit-convergence``; 200 s of CPU time,
-9 minutes of wall time on a shared machine; about 10 minutes of CPU with all five arms).
+Arms: every arm of the two pages, at 50, 200 and 1,040 images (a different stratified subset
+per seed): the CNN, the ViT, the hybrid (conv stem + ViT), "ViT + shifts" (one-pixel shifts of
+the training images), DeiT (hard distillation from the CNN of the same seed and images, trained
+first under the same rule), the ViT without positions, Swin and Swin without shifted windows.
+Seeds: ``lecture_pkg.seeds(4)``, one CPU thread; ``--arms`` and ``--sizes`` run a subset. The
+pages read ``lecture_pkg/recorded/vit_convergence_cpu.json`` (``make vit-convergence``; 22
+minutes on one thread of a shared 2-core machine, see ``benchmarks/RESULTS.md``).
 
     OMP_NUM_THREADS=1 python scripts/vit_convergence.py --out lecture_pkg/recorded/vit_convergence_cpu.json
 """
@@ -47,6 +48,7 @@ from lecture_pkg.digits_vision import (
     fit,
     hybrid,
     small_cnn,
+    small_deit,
     small_swin,
     small_vit,
     steps_for_epochs,
@@ -55,9 +57,10 @@ from lecture_pkg.digits_vision import (
 VALIDATION, EPOCHS, MIN_STEPS, EVALS = 260, 100, 500, 50
 SIZES = (50, 200)  # and the whole training pool
 LOGREG_C = (0.01, 0.1, 1.0, 10.0, 100.0)
-MAKERS = {"ViT": small_vit, "CNN": small_cnn, "hybrid": hybrid, "ViT + shifts": small_vit,
-          "Swin": small_swin}
-ARMS = ("ViT", "CNN")  # what the recorded file holds; the others run with --arms
+MAKERS = {"CNN": small_cnn, "ViT": small_vit, "hybrid": hybrid, "ViT + shifts": small_vit,
+          "DeiT": small_deit, "ViT, no positions": lambda s: small_vit(s, "none"),
+          "Swin": small_swin, "Swin, no shift": lambda s: small_swin(s, shift_windows=False)}
+ARMS = tuple(MAKERS)  # the CNN first: it is DeiT's teacher
 
 
 def subset(data: DigitsSplit, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,13 +73,19 @@ def subset(data: DigitsSplit, n: int, seed: int) -> tuple[torch.Tensor, torch.Te
     return data.x_train[index], data.y_train[index]
 
 
-def run_arm(data: DigitsSplit, arm: str, n: int, seed: int) -> tuple[dict, torch.nn.Module]:
-    """Train one arm on ``n`` images with ``seed`` under the script's rule: its record and model."""
+def run_arm(data: DigitsSplit, arm: str, n: int, seed: int,
+            teacher: torch.nn.Module | None = None) -> tuple[dict, torch.nn.Module]:
+    """Train one arm on ``n`` images with ``seed`` under the script's rule: its record and model.
+    DeiT needs ``teacher``, the CNN trained on the same images with the same seed."""
+    if arm not in MAKERS:
+        raise ValueError(f"arm must be one of {list(MAKERS)}, got {arm!r}")
+    if (arm == "DeiT") != (teacher is not None):
+        raise ValueError("teacher is needed for DeiT and only for DeiT")
     x, y = subset(data, n, seed)
     steps = max(steps_for_epochs(n, EPOCHS), MIN_STEPS)
     began = time.perf_counter()
     run = fit(MAKERS[arm](seed), x, y, seed, steps=steps, augment=arm == "ViT + shifts",
-              background=data.background, val=(data.x_val, data.y_val),
+              background=data.background, teacher=teacher, val=(data.x_val, data.y_val),
               eval_every=max(1, steps // EVALS))
     record = {"arm": arm, "n": n, "seed": seed, "steps": steps,
               "epochs": round(steps * min(64, n) / n, 1), "best_step": run.best_step,
@@ -107,12 +116,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--seeds", type=int, default=4)
-    parser.add_argument("--arms", nargs="*", default=list(ARMS), choices=list(MAKERS),
-                        help="arms at the full size (ViT and CNN also run the size sweep)")
+    parser.add_argument("--arms", nargs="*", default=list(ARMS), choices=list(MAKERS))
+    parser.add_argument("--sizes", nargs="*", type=int, default=None,
+                        help="training-set sizes (default: 50, 200 and the whole pool)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     data = digits_split(VALIDATION)
     full = len(data.y_train)
+    sizes = args.sizes or [*SIZES, full]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     info = {"command": "OMP_NUM_THREADS=1 python scripts/vit_convergence.py --out "
@@ -120,7 +131,7 @@ def main() -> None:
             "cpu": platform.processor() or platform.machine(), "seed_offset": seed_offset(),
             "seeds": seeds(args.seeds), "validation": VALIDATION, "train_pool": full,
             "test": len(data.y_test), "epochs": EPOCHS, "min_steps": MIN_STEPS,
-            "evals_per_run": EVALS, "sizes": [*SIZES, full], "arms": args.arms}
+            "evals_per_run": EVALS, "sizes": sizes, "arms": args.arms}
     result: dict = {"info": info, "runs": [], "logreg": []}
     start = time.time()
 
@@ -130,21 +141,26 @@ def main() -> None:
             json.dump(result, f, indent=1)
             f.write("\n")
 
-    for n in SIZES:
-        result["logreg"] += [logistic_regression(data, n, seed) for seed in seeds(args.seeds)]
-    whole = logistic_regression(data, full, seeds(1)[0])  # the same images for every seed
-    result["logreg"] += [whole | {"seed": seed} for seed in seeds(args.seeds)]
-    for seed in seeds(args.seeds):
-        for n in SIZES:
-            for arm in ("ViT", "CNN"):
-                if arm in args.arms:
-                    result["runs"].append(run_arm(data, arm, n, seed)[0])
-                print(result["runs"][-1], flush=True)
-        for arm in args.arms:
-            record, _ = run_arm(data, arm, full, seed)
-            result["runs"].append(record)
-            print(record, flush=True)
-            save()
+    for n in sizes:
+        if n == full:  # the same images for every seed
+            whole = logistic_regression(data, full, seeds(1)[0])
+            result["logreg"] += [whole | {"seed": seed} for seed in seeds(args.seeds)]
+        else:
+            result["logreg"] += [logistic_regression(data, n, s) for s in seeds(args.seeds)]
+    # the largest size first: the pages' main comparisons are there
+    for n in sorted(sizes, reverse=True):
+        for seed in seeds(args.seeds):
+            teacher = None
+            for arm in args.arms:
+                if arm == "DeiT" and teacher is None:  # CNN not among the arms
+                    teacher = run_arm(data, "CNN", n, seed)[1]
+                record, model = run_arm(data, arm, n, seed,
+                                        teacher.eval() if arm == "DeiT" else None)
+                if arm == "CNN":
+                    teacher = model
+                result["runs"].append(record)
+                print(record, flush=True)
+                save()
     save()
 
 

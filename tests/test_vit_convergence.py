@@ -98,7 +98,9 @@ def test_recorded_arms_read_back():
     record = load_vit_convergence()
     info = record["info"]
     full = info["train_pool"]
-    for arm in ("ViT", "CNN"):
+    assert info["arms"] == ["CNN", "ViT", "hybrid", "ViT + shifts", "DeiT",
+                            "ViT, no positions", "Swin", "Swin, no shift"]
+    for arm in info["arms"]:
         for n in info["sizes"]:
             got = recorded_arm(record, arm, n)
             assert got.seeds == tuple(info["seeds"])
@@ -128,3 +130,27 @@ def test_script_reproduces_a_recorded_run(load_script, data):
     # equal on the recording machine; another CPU kernel path may move a few images
     for key in ("val_error", "test_error", "train_error"):
         assert got[key] == pytest.approx(expected[key], abs=0.02), key
+
+
+def test_script_reproduces_the_new_arms(load_script, data):
+    """DeiT (taught by the CNN, both retrained) and Swin without the shift, 50 images, the
+    first recorded seed: 1,500 steps, about 25 s on one thread."""
+    script = load_script("vit_convergence")
+    record = load_vit_convergence()
+    seed = record["info"]["seeds"][0]
+    expected = {r["arm"]: r for r in record["runs"] if r["n"] == 50 and r["seed"] == seed}
+    torch.set_num_threads(1)
+    cnn, teacher = script.run_arm(data, "CNN", 50, seed)
+    got = {"CNN": cnn, "DeiT": script.run_arm(data, "DeiT", 50, seed, teacher.eval())[0],
+           "Swin, no shift": script.run_arm(data, "Swin, no shift", 50, seed)[0]}
+    for arm, row in got.items():
+        assert row["steps"] == expected[arm]["steps"] == 500
+        for key in ("val_error", "test_error", "train_error"):
+            assert row[key] == pytest.approx(expected[arm][key], abs=0.02), (arm, key)
+    # the shift flag: same weights at the start, only the windows differ
+    assert script.MAKERS["Swin, no shift"](seed).config.shift_windows is False
+    assert script.MAKERS["Swin"](seed).config.shift_windows is True
+    with pytest.raises(ValueError, match="teacher"):
+        script.run_arm(data, "DeiT", 50, seed)
+    with pytest.raises(ValueError, match="arm must be one of"):
+        script.run_arm(data, "ResNet", 50, seed)
