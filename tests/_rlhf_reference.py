@@ -1,5 +1,6 @@
-"""One GRPO step written out by hand from torch, shared by tests/test_rlhf.py (plain GRPO) and
-tests/test_rlhf_ptx_dpo.py (GRPO with PPO-ptx's extra term): the reference that
+"""What the rlhf tests share: a tiny GPT on a tiny character vocabulary, an answered item, and
+one GRPO step written out by hand from torch (tests/test_rlhf.py: plain GRPO;
+tests/test_rlhf_ptx_dpo.py: GRPO with PPO-ptx's extra term), the reference that
 lecture_pkg.rlhf.grpo_train's first step must equal."""
 
 from __future__ import annotations
@@ -14,7 +15,22 @@ from torch import Tensor
 from lecture_pkg.alignment import generate_answers, group_advantages
 from lecture_pkg.char_tokenizers import CharTokenizer
 from lecture_pkg.lm_eval import token_logprobs
-from lecture_pkg.models.gpt import GPT
+from lecture_pkg.models.gpt import GPT, GPTConfig
+
+
+class Item(NamedTuple):
+    prompt: str
+    answer: str
+
+
+def tiny_tokenizer() -> CharTokenizer:
+    return CharTokenizer.from_text("abcdefghij ?")
+
+
+def tiny_gpt(tokenizer: CharTokenizer, seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(vocab_size=tokenizer.vocab_size, n_positions=48, n_embd=16, n_layer=1,
+                         n_head=2, dropout=0.0, embd_dropout=0.0)).eval()
 
 
 class HandStep(NamedTuple):

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from _rlhf_reference import grpo_step_by_hand
+from _rlhf_reference import grpo_step_by_hand, tiny_gpt, tiny_tokenizer
 
 from lecture_pkg.alignment import generate_answers, kl_penalty
 from lecture_pkg.char_tokenizers import CharTokenizer
 from lecture_pkg.lm_eval import token_logprobs
-from lecture_pkg.models.gpt import GPT, GPTConfig
+from lecture_pkg.models.gpt import GPT
 from lecture_pkg.rlhf import ValueHead, exact_kl, grpo_train, kl_loss_gradient, masked_answer_kl, ppo_train
 from lecture_pkg.shakespeare_gpt import load_shakespeare_sft
 from lecture_pkg.shakespeare_tasks import eight_letter_upper
@@ -25,13 +25,7 @@ from lecture_pkg.shakespeare_tasks import eight_letter_upper
 
 @pytest.fixture(scope="module")
 def tokenizer() -> CharTokenizer:
-    return CharTokenizer.from_text("abcdefghij ?")
-
-
-def tiny_gpt(tokenizer: CharTokenizer, seed: int = 0) -> GPT:
-    torch.manual_seed(seed)
-    return GPT(GPTConfig(vocab_size=tokenizer.vocab_size, n_positions=48, n_embd=16, n_layer=1,
-                         n_head=2, dropout=0.0, embd_dropout=0.0)).eval()
+    return tiny_tokenizer()
 
 
 class Item:

@@ -7,15 +7,15 @@ and one reward-model step equals the Bradley-Terry step written out from torch."
 from __future__ import annotations
 
 import copy
-from typing import NamedTuple
 
 import pytest
 import torch
 import torch.nn.functional as F
+from _rlhf_reference import Item, tiny_gpt, tiny_tokenizer
 
 from lecture_pkg.alignment import generate_answers
 from lecture_pkg.char_tokenizers import CharTokenizer
-from lecture_pkg.models.gpt import GPT, GPTConfig, GPTForSequenceClassification
+from lecture_pkg.models.gpt import GPTForSequenceClassification
 from lecture_pkg.rlhf import (
     PreferencePairs,
     exact_reward,
@@ -25,20 +25,9 @@ from lecture_pkg.rlhf import (
 )
 
 
-class Item(NamedTuple):
-    prompt: str
-    answer: str
-
-
 @pytest.fixture(scope="module")
 def tokenizer() -> CharTokenizer:
-    return CharTokenizer.from_text("abcdefghij ?")
-
-
-def tiny_gpt(tokenizer: CharTokenizer, seed: int = 0) -> GPT:
-    torch.manual_seed(seed)
-    return GPT(GPTConfig(vocab_size=tokenizer.vocab_size, n_positions=48, n_embd=16, n_layer=1,
-                         n_head=2, dropout=0.0, embd_dropout=0.0)).eval()
+    return tiny_tokenizer()
 
 
 TRAIN = [Item("abc", "a"), Item("ba", "b"), Item("cab ?", "c"), Item("j", "j")]

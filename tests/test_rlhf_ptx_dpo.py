@@ -5,34 +5,21 @@ exact_reward against the rule."""
 from __future__ import annotations
 
 import copy
-from typing import NamedTuple
 
 import pytest
 import torch
 import torch.nn.functional as F
-from _rlhf_reference import grpo_step_by_hand
+from _rlhf_reference import Item, grpo_step_by_hand, tiny_gpt, tiny_tokenizer
 
 from lecture_pkg.alignment import encode_chat, generate_answers
 from lecture_pkg.char_tokenizers import CharTokenizer
 from lecture_pkg.lm_eval import pad_right
-from lecture_pkg.models.gpt import GPT, GPTConfig
 from lecture_pkg.rlhf import dpo_train, exact_reward, grpo_train, verifier_pairs
-
-
-class Item(NamedTuple):
-    prompt: str
-    answer: str
 
 
 @pytest.fixture(scope="module")
 def tokenizer() -> CharTokenizer:
-    return CharTokenizer.from_text("abcdefghij ?")
-
-
-def tiny_gpt(tokenizer: CharTokenizer, seed: int = 0) -> GPT:
-    torch.manual_seed(seed)
-    return GPT(GPTConfig(vocab_size=tokenizer.vocab_size, n_positions=48, n_embd=16, n_layer=1,
-                         n_head=2, dropout=0.0, embd_dropout=0.0)).eval()
+    return tiny_tokenizer()
 
 
 ITEMS = [Item("abc", "a"), Item("ba", "b"), Item("cab ?", "c"), Item("j", "jj")]
