@@ -273,14 +273,13 @@ def chapter_preference_set(model: GPT, tokenizer: ChatTokenizer, prompts: int
     proxy reward learn from the same pairs: :func:`preference_set` on the first ``prompts``
     training instructions (``shakespeare_instructions("train", prompts, seed=0)``, a prefix of
     the pages' training set) against :data:`CHAPTER_VALIDATION_PROMPTS` instructions of the
-    held-out plays (seed 1), four
-    answers sampled per prompt with the sampling seed ``seeds(1, start=10)[0]`` (so it follows
-    ``LECTURE_SEED_OFFSET``), ranked by :func:`exact_reward`."""
+    held-out plays (seed 1), four answers sampled per prompt with the sampling seed
+    ``seeds(1, start=10)[0]`` (so it follows ``LECTURE_SEED_OFFSET``), ranked by
+    :func:`exact_reward`."""
     check_int("prompts", prompts, minimum=1)
     return preference_set(model, tokenizer, shakespeare_instructions("train", prompts, seed=0),
                           shakespeare_instructions("test", CHAPTER_VALIDATION_PROMPTS, seed=1),
-                          exact_reward,
-                          group=4, seed=seeds(1, start=10)[0])
+                          exact_reward, group=4, seed=seeds(1, start=10)[0])
 
 
 def _sampled_pairs(model: GPT, tokenizer: ChatTokenizer, items: Sequence[_Answered],

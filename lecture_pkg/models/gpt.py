@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lecture_pkg.attention import KVCache
-from lecture_pkg.checks import check_int
+from lecture_pkg.checks import check_bool_mask, check_int
 from lecture_pkg.layers import EncoderLayer
 from lecture_pkg.models.common import HFInterop, check_padding_mask, check_position_ids, check_token_ids
 
@@ -339,9 +339,7 @@ def _check_attn_mask(attn_mask: Tensor | None, shape: tuple[int, int, int]) -> T
     heads; None stays None."""
     if attn_mask is None:
         return None
-    if not isinstance(attn_mask, Tensor) or attn_mask.dtype != torch.bool:
-        got = attn_mask.dtype if isinstance(attn_mask, Tensor) else type(attn_mask).__name__
-        raise TypeError(f"attn_mask must be a bool tensor (True = may attend), got {got}")
+    check_bool_mask("attn_mask", attn_mask)
     if tuple(attn_mask.shape) != shape:
         raise ValueError(f"attn_mask must have shape (batch, t, past + t) = {shape}, "
                          f"got {tuple(attn_mask.shape)}")
