@@ -57,14 +57,15 @@ def build(shape: str, device: torch.device) -> tuple[nn.Module, int, float]:
         layers, width = config.num_hidden_layers, config.num_attention_heads * config.d_head
         context = config.max_position_embeddings
     else:
-        gpt_config = GPTConfig(vocab_size=50304, dropout=0.0, embd_dropout=0.0, **SHAPES[shape])
+        gpt_config = GPTConfig(vocab_size=50304, dropout=0.0, embd_dropout=0.0, **GPT_SHAPES[shape])
         model = GPT(gpt_config, device=device)
         weights = sum(p.numel() for p in model.parameters()) - model.wpe.weight.numel()
         layers, width, context = gpt_config.n_layer, gpt_config.n_embd, gpt_config.n_positions
     return model, context, 6 * weights + 12 * layers * width * context
 
 
-SHAPES = {"small": {}, "medium": {"n_layer": 24, "n_head": 16, "n_embd": 1024}, "modern": {}}
+GPT_SHAPES = {"small": {}, "medium": {"n_layer": 24, "n_head": 16, "n_embd": 1024}}
+SHAPES = (*GPT_SHAPES, "modern")
 # shape/mode/batch: eager against compiled at one batch, then a larger batch and model.
 RUNS = ["small/eager/16", "small/compiled/16", "small/compiled/32", "medium/compiled/16",
         "modern/compiled/16"]
