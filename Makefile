@@ -104,7 +104,7 @@ checkpoint-t5: install
 	OMP_NUM_THREADS=1 $(PY) scripts/train_t5.py --steps 4000 --varied --export lecture_pkg/checkpoints
 
 checkpoint-detr: install
-	OMP_NUM_THREADS=1 $(PY) scripts/train_detr.py --scenes cluttered --steps 8000 --train-n 24000
+	OMP_NUM_THREADS=1 $(PY) scripts/train_detr.py
 
 stamp: install
 	$(PY) scripts/notebook_freshness.py stamp $(NOTEBOOKS)

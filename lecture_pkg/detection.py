@@ -16,7 +16,9 @@ in :mod:`lecture_pkg.models.detr`; detectors that learn nothing, the baselines, 
    whose weight is ``eos_coef``) plus L1 and GIoU on the matched boxes;
 5. :func:`average_precision`: box AP at one IoU threshold, averaged over classes (all-point
    interpolation of the precision-recall curve); :func:`duplicated_objects` (objects answered
-   more than once) and :func:`nms` (greedy non-maximum suppression, for comparison);
+   more than once), :func:`found_objects` (objects found among as many best detections as
+   there are objects) with :func:`crowded_objects` (boxes that overlap another's), and
+   :func:`nms` (greedy non-maximum suppression, for comparison);
 6. a DETR trained and measured with them: :func:`set_loss` (the loss at every decoder layer),
    :func:`detection_ap` (a model's AP on held-out images), and :func:`load_shapes_detr`, the
    checkpoint that ``scripts/train_detr.py`` trains longer on :func:`cluttered_shapes`.
@@ -51,9 +53,11 @@ __all__ = [
     "box_iou",
     "box_xyxy_to_cxcywh",
     "cluttered_shapes",
+    "crowded_objects",
     "detection_ap",
     "detr_loss",
     "duplicated_objects",
+    "found_objects",
     "generalized_box_iou",
     "hungarian",
     "hungarian_match",
@@ -591,6 +595,40 @@ def duplicated_objects(pred_boxes: Tensor, pred_scores: Tensor, pred_classes: Te
     return ((iou >= iou_threshold) & same).sum(0) >= 2
 
 
+def found_objects(pred_boxes: Tensor, pred_scores: Tensor, pred_classes: Tensor,
+                  target_boxes: Tensor, target_classes: Tensor, *,
+                  iou_threshold: float = 0.5) -> Tensor:
+    """Which true objects of one image a detector finds when it may keep only as many
+    detections as the image has objects (its k best by score, ties to the lower index): an
+    object is found when one of those, of its class, overlaps it with IoU >= ``iou_threshold``.
+    The same number of guesses for every detector, whatever its score scale.
+
+    Shapes as in :func:`duplicated_objects`. Returns (k,) bool."""
+    _check_detections(pred_boxes, pred_scores, pred_classes)
+    target_boxes = _check_boxes("target_boxes", target_boxes).reshape(-1, 4)
+    if target_classes.shape != target_boxes.shape[:1]:
+        raise ValueError(f"target_classes must be ({len(target_boxes)},), "
+                         f"got {tuple(target_classes.shape)}")
+    best = torch.sort(pred_scores, descending=True, stable=True).indices[:len(target_boxes)]
+    if len(best) == 0:
+        return torch.zeros(len(target_boxes), dtype=torch.bool)
+    iou, _ = box_iou(box_cxcywh_to_xyxy(target_boxes.float()),
+                     box_cxcywh_to_xyxy(pred_boxes[best].float()))  # (k, k')
+    same = target_classes[:, None] == pred_classes[best][None, :]
+    return ((iou >= iou_threshold) & same).any(1)
+
+
+def crowded_objects(target_boxes: Tensor) -> Tensor:
+    """Which objects of one image have a box that overlaps (shares area with) another
+    object's box: the touching, covering and covered ones. target_boxes (k, 4) cxcywh.
+    Returns (k,) bool."""
+    xyxy = box_cxcywh_to_xyxy(_check_boxes("target_boxes", target_boxes).reshape(-1, 4))
+    lo = torch.maximum(xyxy[:, None, :2], xyxy[None, :, :2])
+    hi = torch.minimum(xyxy[:, None, 2:], xyxy[None, :, 2:])
+    shared = (hi - lo).clamp(min=0).prod(-1).fill_diagonal_(0)
+    return (shared > 0).any(1)
+
+
 def nms(pred_boxes: Tensor, pred_scores: Tensor, pred_classes: Tensor,
         iou_threshold: float = 0.5) -> Tensor:
     """Greedy per-class non-maximum suppression, the step DETR's set loss is meant to make
@@ -646,7 +684,8 @@ def detection_ap(model: DETR, images: Tensor, target_boxes: list[Tensor],
 def shapes_detr_info() -> dict[str, Any]:
     """The JSON stored beside the shipped DETR's weights: ``config`` (DETRConfig fields),
     ``scenes`` (its task, a key of :data:`SCENES`), the training settings and data seeds,
-    ``seconds``, the validation ``curve`` (step, loss, AP50, seconds) and ``heldout_ap50``."""
+    ``seconds``, the validation ``curve`` (step, loss, AP50, seconds, then AP75 where
+    recorded) and ``heldout_ap50``."""
     return shipped_info(CHECKPOINT)
 
 

@@ -16,9 +16,11 @@ from lecture_pkg.detection import (
     box_cxcywh_to_xyxy,
     box_iou,
     box_xyxy_to_cxcywh,
+    crowded_objects,
     detection_ap,
     detr_loss,
     duplicated_objects,
+    found_objects,
     generalized_box_iou,
     hungarian,
     hungarian_match,
@@ -332,6 +334,38 @@ def test_duplicated_objects_equals_a_loop() -> None:
         expected = [sum(1 for i in range(d) if scores[i] > 0.5 and pcls[i] == gcls[j]
                         and iou[i, j] >= 0.5) >= 2 for j in range(k)]
         assert duplicated_objects(pred, scores, pcls, gt, gcls).tolist() == expected
+
+
+def test_found_objects_keeps_only_as_many_guesses_as_objects() -> None:
+    gt = torch.tensor([box(0.3, 0.3), box(0.7, 0.7)])
+    gcls = torch.tensor([0, 1])
+    # the two best are a hit on object 0 and a box far from everything; the hit on object 1
+    # is third, so with two guesses object 1 is not found
+    pred = torch.tensor([box(0.3, 0.3), box(0.1, 0.9), box(0.7, 0.7)])
+    scores = torch.tensor([0.9, 0.8, 0.7])
+    pcls = torch.tensor([0, 0, 1])
+    assert found_objects(pred, scores, pcls, gt, gcls).tolist() == [True, False]
+    assert found_objects(pred, scores[[0, 2, 1]], pcls, gt, gcls).tolist() == [True, True]
+    # the right place but the wrong class is not a find, nor is a loose box (IoU 0.43)
+    assert found_objects(pred, scores, torch.tensor([1, 0, 1]), gt,
+                         gcls).tolist() == [False, False]
+    loose = torch.tensor([box(0.38, 0.3), box(0.7, 0.7)])
+    assert found_objects(loose, scores[:2], torch.tensor([0, 1]), gt,
+                         gcls).tolist() == [False, True]
+    none = found_objects(torch.zeros(0, 4), torch.zeros(0), torch.zeros(0, dtype=torch.long),
+                         gt, gcls)
+    assert none.tolist() == [False, False]
+    with pytest.raises(ValueError, match="target_classes"):
+        found_objects(pred, scores, pcls, gt, torch.tensor([0]))
+
+
+def test_crowded_objects_are_those_whose_box_shares_area() -> None:
+    # 0 and 1 overlap; 2 touches 1 only along an edge (no shared area); 3 is alone
+    boxes = box_xyxy_to_cxcywh(torch.tensor([[0.0, 0.0, 0.2, 0.2], [0.1, 0.1, 0.3, 0.3],
+                                             [0.3, 0.1, 0.5, 0.3], [0.7, 0.7, 0.9, 0.9]]))
+    assert crowded_objects(boxes).tolist() == [True, True, False, False]
+    assert crowded_objects(boxes[3:]).tolist() == [False]
+    assert crowded_objects(torch.zeros(0, 4)).tolist() == []
 
 
 def test_nms_hand_case_and_properties() -> None:

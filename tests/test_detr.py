@@ -109,7 +109,18 @@ def test_a_short_training_run_lowers_the_loss() -> None:
     assert sum(losses[-5:]) < 0.7 * sum(losses[:5])
 
 
+def test_backbone_widths_double_from_backbone_width() -> None:
+    net = DETR(DETRConfig(image_size=16, d_model=32, num_heads=2, backbone_stages=2,
+                          backbone_width=24))
+    convs = [m for m in net.backbone.body if isinstance(m, torch.nn.Conv2d)]
+    assert [c.out_channels for c in convs] == [24, 24, 48, 48]
+    assert net.backbone.proj.in_channels == 48 and net.backbone.proj.out_channels == 32
+    assert net.encode(images(2)).shape == (2, 16, 32)  # a 4 x 4 map of 32 channels
+
+
 def test_config_and_input_errors() -> None:
+    with pytest.raises(ValueError, match="backbone_width"):
+        DETRConfig(backbone_width=0)
     with pytest.raises(ValueError, match="d_model must be divisible by 4"):
         DETRConfig(d_model=30, num_heads=2)
     with pytest.raises(ValueError, match="image_size"):
@@ -131,6 +142,6 @@ def test_checkpoint_reproduces_its_recorded_heldout_ap() -> None:
     ap = detection_ap(net, test.images, test.boxes, test.classes)
     assert ap["ap"] == pytest.approx(meta["heldout_ap50"], abs=2e-3)
     # the validation curve printed during training came from other scenes, and it rose
-    steps, _, val_ap, _ = zip(*meta["curve"])
+    steps, _, val_ap, *_ = zip(*meta["curve"])
     assert meta["val_seed"] not in (meta["test_seed"], meta["train_seed"])
     assert steps[-1] == meta["steps"] and val_ap[-1] > val_ap[0]

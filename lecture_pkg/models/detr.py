@@ -53,12 +53,13 @@ class DETRConfig:
     decoder_layers: int = 2
     num_queries: int = 8
     backbone_stages: int = 2
+    backbone_width: int = 32
     positions: Positions = "sine"
     dropout: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("image_size", "num_channels", "num_classes", "d_model", "num_heads",
-                     "d_ff", "num_queries", "backbone_stages"):
+                     "d_ff", "num_queries", "backbone_stages", "backbone_width"):
             check_int(name, getattr(self, name), minimum=1)
         for name in ("encoder_layers", "decoder_layers"):
             check_int(name, getattr(self, name), minimum=0)
@@ -106,14 +107,14 @@ def sine_positions_2d(height: int, width: int, d_model: int,
 
 class Backbone(nn.Module):
     """``stages`` x (3x3 conv stride 2, BatchNorm, ReLU, 3x3 conv, BatchNorm, ReLU), widths
-    doubling from 16, then a 1x1 projection to d_model (DETR's ``input_proj``).
+    doubling from ``width``, then a 1x1 projection to d_model (DETR's ``input_proj``).
 
     forward(images (b, c, s, s)) -> (b, d_model, s / 2^stages, s / 2^stages)."""
 
-    def __init__(self, num_channels: int, d_model: int, stages: int) -> None:
+    def __init__(self, num_channels: int, d_model: int, stages: int, width: int = 32) -> None:
         super().__init__()
         layers: list[nn.Module] = []
-        width, c_in = 16, num_channels
+        c_in = num_channels
         for _ in range(stages):
             layers += [nn.Conv2d(c_in, width, 3, stride=2, padding=1, bias=False),
                        nn.BatchNorm2d(width), nn.ReLU(),
@@ -144,7 +145,8 @@ class DETR(nn.Module):
     def __init__(self, config: DETRConfig) -> None:
         super().__init__()
         self.config = c = config
-        self.backbone = Backbone(c.num_channels, c.d_model, c.backbone_stages)
+        self.backbone = Backbone(c.num_channels, c.d_model, c.backbone_stages,
+                                 c.backbone_width)
         tokens = c.grid * c.grid
         if c.positions == "sine":
             self.register_buffer("position", sine_positions_2d(c.grid, c.grid, c.d_model),
