@@ -572,6 +572,15 @@ def _check_detections(boxes: Tensor, scores: Tensor, classes: Tensor) -> None:
                          f"got {tuple(boxes.shape)}, {tuple(scores.shape)}, {tuple(classes.shape)}")
 
 
+def _check_image_targets(target_boxes: Tensor, target_classes: Tensor) -> Tensor:
+    """One image's targets checked: its boxes as (k, 4), target_classes (k,)."""
+    target_boxes = _check_boxes("target_boxes", target_boxes).reshape(-1, 4)
+    if target_classes.shape != target_boxes.shape[:1]:
+        raise ValueError(f"target_classes must be ({len(target_boxes)},), "
+                         f"got {tuple(target_classes.shape)}")
+    return target_boxes
+
+
 def duplicated_objects(pred_boxes: Tensor, pred_scores: Tensor, pred_classes: Tensor,
                        target_boxes: Tensor, target_classes: Tensor, *,
                        score_threshold: float = 0.5, iou_threshold: float = 0.5) -> Tensor:
@@ -582,10 +591,7 @@ def duplicated_objects(pred_boxes: Tensor, pred_scores: Tensor, pred_classes: Te
     > ``score_threshold`` and the object's class overlap the object with IoU >= ``iou_threshold``
     (two confident answers for one object, of which AP counts one as a false positive)."""
     _check_detections(pred_boxes, pred_scores, pred_classes)
-    target_boxes = _check_boxes("target_boxes", target_boxes).reshape(-1, 4)
-    if target_classes.shape != target_boxes.shape[:1]:
-        raise ValueError(f"target_classes must be ({len(target_boxes)},), "
-                         f"got {tuple(target_classes.shape)}")
+    target_boxes = _check_image_targets(target_boxes, target_classes)
     keep = pred_scores > score_threshold
     if not keep.any() or len(target_boxes) == 0:
         return torch.zeros(len(target_boxes), dtype=torch.bool)
@@ -605,10 +611,7 @@ def found_objects(pred_boxes: Tensor, pred_scores: Tensor, pred_classes: Tensor,
 
     Shapes as in :func:`duplicated_objects`. Returns (k,) bool."""
     _check_detections(pred_boxes, pred_scores, pred_classes)
-    target_boxes = _check_boxes("target_boxes", target_boxes).reshape(-1, 4)
-    if target_classes.shape != target_boxes.shape[:1]:
-        raise ValueError(f"target_classes must be ({len(target_boxes)},), "
-                         f"got {tuple(target_classes.shape)}")
+    target_boxes = _check_image_targets(target_boxes, target_classes)
     best = torch.sort(pred_scores, descending=True, stable=True).indices[:len(target_boxes)]
     if len(best) == 0:
         return torch.zeros(len(target_boxes), dtype=torch.bool)
@@ -623,10 +626,8 @@ def crowded_objects(target_boxes: Tensor) -> Tensor:
     object's box: the touching, covering and covered ones. target_boxes (k, 4) cxcywh.
     Returns (k,) bool."""
     xyxy = box_cxcywh_to_xyxy(_check_boxes("target_boxes", target_boxes).reshape(-1, 4))
-    lo = torch.maximum(xyxy[:, None, :2], xyxy[None, :, :2])
-    hi = torch.minimum(xyxy[:, None, 2:], xyxy[None, :, 2:])
-    shared = (hi - lo).clamp(min=0).prod(-1).fill_diagonal_(0)
-    return (shared > 0).any(1)
+    iou, _ = box_iou(xyxy, xyxy)
+    return (iou.fill_diagonal_(0) > 0).any(1)
 
 
 def nms(pred_boxes: Tensor, pred_scores: Tensor, pred_classes: Tensor,

@@ -42,7 +42,7 @@ Shapes: token ids (batch, t); per-token quantities (batch, t - 1), aligned with 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple, Protocol
 
 import torch
@@ -68,10 +68,10 @@ from lecture_pkg.models.gpt import GPT, GPTForSequenceClassification
 from lecture_pkg.policy_gradient import gae, kl_shaped_rewards, masked_mean, value_loss, whiten
 from lecture_pkg.shakespeare_tasks import shakespeare_instructions
 
-__all__ = ["CHAPTER_VALIDATION_PROMPTS", "PreferencePairs", "PreferenceSet", "RLRun", "ValueHead",
-           "chapter_preference_set",
-           "dpo_train", "exact_kl", "exact_reward", "grpo_train", "kl_loss_gradient", "masked_answer_kl",
-           "ppo_train", "preference_set", "reward_model_train", "verifier_pairs"]
+__all__ = ["CHAPTER_VALIDATION_PROMPTS", "PreferencePairs", "PreferenceSet", "RLRun",
+           "ValueHead", "chapter_preference_set", "dpo_train", "exact_kl", "exact_reward",
+           "grpo_train", "kl_loss_gradient", "masked_answer_kl", "ppo_train", "preference_set",
+           "reward_model_train", "verifier_pairs"]
 
 
 class _Prompted(Protocol):
@@ -331,28 +331,43 @@ def reward_model_train(model: GPT, ids: Tensor, attention_mask: Tensor, steps: i
     decay) on :func:`~lecture_pkg.alignment.bradley_terry_loss`. Returned in eval mode; its
     forward(ids, attention_mask)[:, 0] is the reward, (batch,).
     """
-    check_int("steps", steps, minimum=1)
-    check_int("batch", batch, minimum=1)
-    check_int("seed", seed, minimum=0)
-    if ids.dim() != 2 or ids.shape[0] % 2 or ids.shape != attention_mask.shape:
-        raise ValueError(f"ids and attention_mask must both be (2 n, t), got "
-                         f"{tuple(ids.shape)} and {tuple(attention_mask.shape)}")
+    n = _check_pair_rows(ids, attention_mask, "attention_mask", steps, batch, seed)
     device = next(model.parameters()).device
     ids, attention_mask = ids.to(device), attention_mask.to(device)
-    n = ids.shape[0] // 2
     torch.manual_seed(seed)
     reward_model = GPTForSequenceClassification(copy.deepcopy(model), num_labels=1).to(device)
     reward_model.train()
     opt = torch.optim.AdamW(reward_model.parameters(), lr=lr, weight_decay=0.0)
-    picks = torch.Generator().manual_seed(seed)
-    for _ in range(steps):
-        pick = torch.randint(n, (batch,), generator=picks)
-        both = torch.cat([pick, pick + n]).to(device)
+    for both in _pair_batches(n, batch, steps, seed, device):
         rewards = reward_model(ids[both], attention_mask[both])[:, 0]
         bradley_terry_loss(rewards[:batch], rewards[batch:]).backward()
         opt.step()
         opt.zero_grad()
     return reward_model.eval()
+
+
+def _check_pair_rows(ids: Tensor, mask: Tensor, mask_name: str, steps: int, batch: int,
+                     seed: int) -> int:
+    """The checks of a loop over preference-pair rows; returns ``n``, the number of pairs
+    in ``ids`` (2 n, t), whose ``mask`` must have the same shape."""
+    check_int("steps", steps, minimum=1)
+    check_int("batch", batch, minimum=1)
+    check_int("seed", seed, minimum=0)
+    if ids.dim() != 2 or ids.shape[0] % 2 or ids.shape != mask.shape:
+        raise ValueError(f"ids and {mask_name} must both be (2 n, t), got "
+                         f"{tuple(ids.shape)} and {tuple(mask.shape)}")
+    return ids.shape[0] // 2
+
+
+def _pair_batches(n: int, batch: int, steps: int, seed: int,
+                  device: torch.device) -> Iterator[Tensor]:
+    """For each of ``steps`` steps, ``batch`` of ``n`` pairs drawn with replacement (a CPU
+    generator seeded with ``seed``) as row indices into (2 n, t) pair rows, on ``device``:
+    the chosen rows, then the rejected rows of the same pairs, (2 batch,)."""
+    picks = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        pick = torch.randint(n, (batch,), generator=picks)
+        yield torch.cat([pick, pick + n]).to(device)
 
 
 def dpo_train(model: GPT, reference: GPT, ids: Tensor, completion_mask: Tensor,
@@ -370,30 +385,21 @@ def dpo_train(model: GPT, reference: GPT, ids: Tensor, completion_mask: Tensor,
     batch's ``loss`` and mean ``margin`` (chosen minus rejected implicit reward);
     ``evaluate`` as in :func:`grpo_train`.
     """
-    check_int("steps", steps, minimum=1)
-    check_int("batch", batch, minimum=1)
     check_int("eval_every", eval_every, minimum=0)
-    check_int("seed", seed, minimum=0)
     check_bool_mask("completion_mask", completion_mask)
-    if ids.dim() != 2 or ids.shape[0] % 2 or ids.shape != completion_mask.shape:
-        raise ValueError(f"ids and completion_mask must both be (2 n, t), got "
-                         f"{tuple(ids.shape)} and {tuple(completion_mask.shape)}")
+    n = _check_pair_rows(ids, completion_mask, "completion_mask", steps, batch, seed)
     if beta <= 0:
         raise ValueError(f"beta must be > 0, got {beta}")
-    n = ids.shape[0] // 2
     reference.eval()
     with torch.no_grad():
         ref = sequence_logprobs(reference(ids).logits, ids, completion_mask)
     policy = copy.deepcopy(model)
     opt = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0)
-    picks = torch.Generator().manual_seed(seed)
     curve: list[dict[str, float]] = []
     evals: list[dict[str, float]] = []
 
     _measure(evals, evaluate, 0, policy)
-    for step in range(steps):
-        pick = torch.randint(n, (batch,), generator=picks)
-        both = torch.cat([pick, pick + n]).to(ids.device)
+    for step, both in enumerate(_pair_batches(n, batch, steps, seed, ids.device)):
         policy.train()
         logp = sequence_logprobs(policy(ids[both]).logits, ids[both], completion_mask[both])
         loss, r_c, r_r = dpo_loss(logp[:batch], logp[batch:], ref[both][:batch],

@@ -111,7 +111,7 @@ class Backbone(nn.Module):
 
     forward(images (b, c, s, s)) -> (b, d_model, s / 2^stages, s / 2^stages)."""
 
-    def __init__(self, num_channels: int, d_model: int, stages: int, width: int = 32) -> None:
+    def __init__(self, num_channels: int, d_model: int, stages: int, width: int) -> None:
         super().__init__()
         layers: list[nn.Module] = []
         c_in = num_channels
